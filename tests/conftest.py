@@ -1,0 +1,3 @@
+import logging
+
+logging.getLogger("tidemq").setLevel(logging.DEBUG)

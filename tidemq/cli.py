@@ -1,0 +1,84 @@
+"""The `tidemq` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _store_inspect(args: argparse.Namespace) -> int:
+    from .store import check
+
+    segments, queues, log_end = check.inspect(Path(args.dir))
+    print(f"store {args.dir}")
+    print(f"commit log: {len(segments)} segment(s), end offset {log_end}")
+    for s in segments:
+        print(f"  {s.name}  {s.used:>12} / {s.size} bytes  {s.records} records")
+    covered = max((q.max_physical_offset for q in queues), default=0)
+    print(f"dispatch lag: {max(0, log_end - covered)} bytes behind the log end")
+    print(f"queues: {len(queues)}")
+    for q in queues:
+        print(f"  {q.topic}/{q.queue_id}  min {q.min_offset}  max {q.max_offset}")
+    return 0
+
+
+def _store_check(args: argparse.Namespace) -> int:
+    from .store import check
+
+    report = check.check(Path(args.dir))
+    for problem in report.problems:
+        print(f"problem: {problem}")
+    verdict = "sound" if report.sound else f"NOT sound ({len(report.problems)} problem(s))"
+    print(f"checked {report.records} records and {report.units} consume-queue units: {verdict}")
+    return 0 if report.sound else 1
+
+
+def _store_repair(args: argparse.Namespace) -> int:
+    from .store import MessageStore, StoreConfig
+
+    store = MessageStore(Path(args.dir), StoreConfig(repair=True))
+    report = store.recovery
+    store.close()
+    for line in report.messages or ["nothing to repair"]:
+        print(line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker and store")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    store = commands.add_parser("store", help="inspect, check and repair a store directory")
+    store_commands = store.add_subparsers(dest="store_command", required=True)
+    p = store_commands.add_parser("inspect", help="segments, queues with min/max offsets, dispatch lag")
+    p.add_argument("dir")
+    p.set_defaults(func=_store_inspect)
+    p = store_commands.add_parser("check", help="verify every record and consume-queue unit; exit 1 if unsound")
+    p.add_argument("dir")
+    p.set_defaults(func=_store_check)
+    p = store_commands.add_parser("repair", help="open with repair: cut the log at a corrupt record, rebuild indexes")
+    p.add_argument("dir")
+    p.set_defaults(func=_store_repair)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except Exception as exc:  # the command's user gets one line, not a traceback
+        from .store import StoreError
+
+        if isinstance(exc, (StoreError, FileNotFoundError, ValueError)):
+            print(f"tidemq: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""tidemq.store: the embedded message store (CommitLog, ConsumeQueues, dispatch, recovery).
+
+Synchronous, no network.  The public API is what this module exports."""
+
+from . import record
+from .consume_queue import ConsumeQueue, Unit
+from .dispatch import DispatchRequest, DispatchSink, Dispatcher
+from .errors import (
+    CorruptStoreError,
+    FlushTimeoutError,
+    InvalidMessageError,
+    StoreClosedError,
+    StoreError,
+    StoreIOError,
+    StoreLockedError,
+)
+from .message_store import (
+    FLUSH_ASYNC,
+    FLUSH_SYNC,
+    DispatchLag,
+    GetResult,
+    Message,
+    MessageStore,
+    PutResult,
+    StoreConfig,
+)
+
+__all__ = [
+    "record",
+    "ConsumeQueue",
+    "Unit",
+    "DispatchRequest",
+    "DispatchSink",
+    "Dispatcher",
+    "CorruptStoreError",
+    "FlushTimeoutError",
+    "InvalidMessageError",
+    "StoreClosedError",
+    "StoreError",
+    "StoreIOError",
+    "StoreLockedError",
+    "FLUSH_ASYNC",
+    "FLUSH_SYNC",
+    "DispatchLag",
+    "GetResult",
+    "Message",
+    "MessageStore",
+    "PutResult",
+    "StoreConfig",
+]

@@ -1,0 +1,236 @@
+"""CommitLog: every message appended once, in fixed-size mmapped segments.
+
+    {store}/commitlog/{20-digit start offset}    segment_size bytes each (1 GiB default)
+
+A segment is preallocated (fallocate) when it is opened, so a full disk is an error at roll time,
+never a SIGBUS on a mapped page.  A record never spans two segments: when one does not fit with 8
+bytes to spare, the rest of the segment gets a blank filler (`record.encode_blank`) and the record
+goes to the next segment, whose start offset is `offset + size - offset % size`.
+
+Ownership: one writer.  `append` is called with the store's append lock held; `write_position`
+and the segment list change only under it.  Readers on other threads use `view()`, which never
+blocks on the lock; `_segments_lock` guards the list against retention's deletions.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from pathlib import Path
+
+from . import record
+from .record import BLANK_SIZE, EncodedMessage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_SIZE = 1 << 30
+
+
+def segment_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+class Segment:
+    __slots__ = ("start", "size", "path", "fd", "mm")
+
+    def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
+        self.start = start
+        self.size = size
+        self.path = path
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
+        try:
+            current = os.fstat(fd).st_size
+            if current < size:
+                _preallocate(fd, current, size)
+            self.mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            if create:
+                path.unlink(missing_ok=True)
+            raise
+        self.fd = fd
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def sync(self) -> None:
+        # fdatasync releases the GIL (msync through mmap.flush would not), and on Linux writes back
+        # pages dirtied through a shared mapping.
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a reader still holds a view; the mapping is released with it
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _preallocate(fd: int, current: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, current, size - current)
+    except OSError as exc:
+        import errno
+
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            os.ftruncate(fd, size)  # the filesystem cannot reserve; fall back to a sparse file
+        else:
+            raise
+
+
+class CommitLog:
+    def __init__(self, directory: Path, segment_size: int = DEFAULT_SEGMENT_SIZE) -> None:
+        if segment_size < 4096:
+            raise ValueError(f"segment size {segment_size} is too small (at least 4096 bytes)")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._segments_lock = threading.Lock()
+        self.segments: list[Segment] = []
+        paths = sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        sizes = [p.stat().st_size for p in paths]
+        if sizes and max(sizes) > 0:
+            # an existing log keeps the segment size it was written with
+            segment_size = max(sizes)
+        self.segment_size = segment_size
+        for path, size in zip(paths, sizes):
+            start = int(path.name)
+            if start % segment_size:
+                raise ValueError(f"commit-log segment {path.name} is not aligned to the {segment_size}-byte segment size")
+            if size < segment_size:
+                log.warning("commit-log segment %s is %d bytes, shorter than %d; extending it", path, size, segment_size)
+            self.segments.append(Segment(path, start, segment_size, create=False))
+        # set by recovery; until then, the end of the last segment's data is unknown
+        self.write_position = self.segments[0].start if self.segments else 0
+        self.flushed_position = self.write_position
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        with self._segments_lock:
+            return self.segments[0].start if self.segments else self.write_position
+
+    def segment_for(self, offset: int) -> Segment | None:
+        with self._segments_lock:
+            segments = self.segments
+            if not segments:
+                return None
+            index = (offset - segments[0].start) // self.segment_size
+            if 0 <= index < len(segments):
+                return segments[index]
+        return None
+
+    def view(self, offset: int, size: int) -> memoryview | None:
+        """`size` bytes at `offset` from one segment, or None if not held."""
+        segment = self.segment_for(offset)
+        if segment is None:
+            return None
+        pos = offset - segment.start
+        if pos + size > segment.size:
+            return None
+        return memoryview(segment.mm)[pos : pos + size]
+
+    def read_record(self, offset: int, **decode_options) -> record.DecodeResult | None:
+        segment = self.segment_for(offset)
+        if segment is None:
+            return None
+        return record.decode(segment.mm, offset - segment.start, base_offset=segment.start, **decode_options)
+
+    def next_segment_start(self, offset: int) -> int:
+        return offset + self.segment_size - offset % self.segment_size
+
+    # -- writing (append lock held) -----------------------------------------------------------
+
+    def _ensure_segment(self, offset: int) -> Segment:
+        segment = self.segment_for(offset)
+        if segment is not None:
+            return segment
+        start = offset - offset % self.segment_size
+        segment = Segment(self.directory / segment_name(start), start, self.segment_size, create=True)
+        with self._segments_lock:
+            self.segments.append(segment)
+        return segment
+
+    def append(self, message: EncodedMessage, queue_offset: int, store_timestamp: int) -> int:
+        """Write `message` at the write position (rolling to a new segment if it does not fit with
+        8 bytes to spare); returns its commit-log offset.  Raises OSError if no segment can be made,
+        leaving the log as it was."""
+        size = message.total_size
+        if size + BLANK_SIZE > self.segment_size:
+            raise ValueError(f"a {size}-byte record cannot fit a {self.segment_size}-byte segment")
+        offset = self.write_position
+        segment = self._ensure_segment(offset)
+        pos = offset - segment.start
+        room = segment.size - pos
+        if size + BLANK_SIZE > room:
+            next_start = segment.end
+            next_segment = self._ensure_segment(next_start)  # may raise: nothing written yet
+            segment.mm[pos : pos + BLANK_SIZE] = record.encode_blank(room)
+            segment, offset, pos = next_segment, next_start, 0
+        message.pack_into(segment.mm, pos, queue_offset, offset, store_timestamp)
+        self.write_position = offset + size
+        return offset
+
+    # -- durability ---------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Make everything written so far durable; returns the flushed position."""
+        target = self.write_position
+        if target <= self.flushed_position:
+            return self.flushed_position
+        with self._segments_lock:
+            segments = [s for s in self.segments if s.end > self.flushed_position and s.start < target]
+        for segment in segments:
+            segment.sync()
+        self.flushed_position = max(self.flushed_position, target)
+        return self.flushed_position
+
+    # -- recovery and retention -------------------------------------------------------------
+
+    def truncate(self, end: int) -> None:
+        """Forget everything at and after `end`: zero the rest of its segment, delete later ones."""
+        with self._segments_lock:
+            later = [s for s in self.segments if s.start > end]
+            for segment in later:
+                self.segments.remove(segment)
+        for segment in later:
+            segment.close()
+            segment.path.unlink(missing_ok=True)
+        segment = self.segment_for(end)
+        if segment is not None:
+            pos = end - segment.start
+            _zero(segment.mm, pos, segment.size)
+            segment.sync()
+        self.write_position = end
+        self.flushed_position = min(self.flushed_position, end)
+
+    def delete_segments_before(self, offset: int) -> list[Segment]:
+        """Remove whole segments that end at or before `offset` (never the one being written)."""
+        with self._segments_lock:
+            doomed = [s for s in self.segments[:-1] if s.end <= offset and s.end <= self.write_position]
+            self.segments = [s for s in self.segments if s not in doomed]
+        for segment in doomed:
+            segment.close()
+            segment.path.unlink(missing_ok=True)
+        return doomed
+
+    def close(self) -> None:
+        with self._segments_lock:
+            for segment in self.segments:
+                segment.close()
+            self.segments = []
+
+
+def _zero(mm: mmap.mmap, start: int, end: int, chunk: int = 1 << 20) -> None:
+    pos = start
+    while pos < end:
+        n = min(chunk, end - pos)
+        if any(mm[pos : pos + n]):
+            mm[pos : pos + n] = bytes(n)
+        pos += n

@@ -1,0 +1,389 @@
+"""ConsumeQueue: the per-(topic, queue id) index of a queue's messages in the CommitLog.
+
+Byte layout (big-endian), RocketMQ-compatible:
+
+    unit = commit-log offset i64 + size i32 + tags code i64 = 8 + 4 + 8 = 20 bytes
+    file = 300,000 units = 6,000,000 bytes (configurable), named by its 20-digit byte offset
+    path = {store}/consumequeue/{topic}/{queue id}/{byte offset}
+
+The logical (queue) offset of a unit is its byte position / 20.  A slot below the queue's first
+real entry is padded with the blank unit (0, Integer.MAX_VALUE, 0).  An all-zero unit was never
+written.
+
+Entries may be written out of order (parallel dispatch); readers only see slots below the
+**commit frontier**, the first slot not yet written.  Ownership: one dispatcher writes a queue at a
+time; `ConsumeQueue._lock` guards the file list and the frontier for readers on other threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+UNIT = struct.Struct(">qiq")
+UNIT_SIZE = UNIT.size  # 8 + 4 + 8 = 20
+DEFAULT_UNITS_PER_FILE = 300_000
+BLANK_UNIT_SIZE = 0x7FFFFFFF  # Integer.MAX_VALUE: a padding unit
+BLANK_UNIT = UNIT.pack(0, BLANK_UNIT_SIZE, 0)
+UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert UNIT_DTYPE.itemsize == UNIT_SIZE
+
+
+def file_name(byte_offset: int) -> str:
+    return f"{byte_offset:020d}"
+
+
+@dataclass(slots=True, frozen=True)
+class Unit:
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+    tags_code: int
+
+
+class _QueueFile:
+    __slots__ = ("start", "path", "mm", "size")
+
+    def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
+        self.start = start  # first logical offset in the file
+        self.path = path
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, 0o644)
+        try:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a reader still holds a view; the mapping goes with it
+            pass
+
+
+class ConsumeQueue:
+    """One queue's 20-byte-unit files.  Not safe for two writers; readers may be on any thread."""
+
+    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.directory = Path(root) / topic / str(queue_id)
+        self.units_per_file = units_per_file
+        self.file_size = units_per_file * UNIT_SIZE
+        self._files: list[_QueueFile] = []
+        self._lock = threading.Lock()
+        self.min_offset = 0
+        self.commit_frontier = 0  # exclusive: slots below it are all written
+        self._pending: set[int] = set()  # written slots above the frontier
+        self.max_physical_offset = 0  # end of the furthest commit-log record indexed
+        self._load()
+
+    # -- loading and recovery -------------------------------------------------------------
+
+    def _load(self) -> None:
+        if not self.directory.is_dir():
+            return
+        names = sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        sizes = [p.stat().st_size for p in names]
+        if sizes and max(sizes) >= UNIT_SIZE:
+            # existing files keep the size they were written with
+            self.units_per_file = max(sizes) // UNIT_SIZE
+            self.file_size = self.units_per_file * UNIT_SIZE
+        for path in names:
+            byte_offset = int(path.name)
+            if byte_offset % self.file_size:
+                log.warning("consume queue file %s is not aligned to the %d-byte file size; ignored", path, self.file_size)
+                continue
+            self._files.append(_QueueFile(path, byte_offset // UNIT_SIZE, self.file_size, create=False))
+        if not self._files:
+            return
+        self.min_offset = self._files[0].start
+        frontier = self._files[0].start
+        for qf in self._files:
+            units = np.frombuffer(qf.mm, dtype=UNIT_DTYPE)
+            bad = (units["offset"] < 0) | (units["size"] <= 0)
+            count = int(np.argmax(bad)) if bad.any() else len(units)
+            frontier = qf.start + count
+            if count:
+                real = units[:count][units["size"][:count] != BLANK_UNIT_SIZE]
+                if len(real):
+                    last = real[-1]
+                    self.max_physical_offset = int(last["offset"]) + int(last["size"])
+            if count < len(units):
+                break
+        # files after a hole hold nothing reachable; drop them
+        for qf in [f for f in self._files if f.start > frontier]:
+            self._drop_file(qf)
+        self.commit_frontier = frontier
+        self._skip_leading_blanks()
+
+    def _skip_leading_blanks(self) -> None:
+        while self.min_offset < self.commit_frontier:
+            unit = self._unit_at(self.min_offset)
+            if unit[1] != BLANK_UNIT_SIZE:
+                break
+            self.min_offset += 1
+
+    def _drop_file(self, qf: _QueueFile) -> None:
+        self._files.remove(qf)
+        qf.close()
+        try:
+            qf.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _file_for(self, queue_offset: int, create: bool) -> _QueueFile | None:
+        files = self._files
+        if files:
+            index = (queue_offset - files[0].start) // self.units_per_file
+            if 0 <= index < len(files):
+                return files[index]
+            if queue_offset < files[0].start:
+                return None
+        if not create:
+            return None
+        if not files:
+            raise ValueError(
+                f"{self.topic}/{self.queue_id} has no file yet: slot {queue_offset} needs initialize_at() first"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        while files[-1].start + self.units_per_file <= queue_offset:
+            self._add_file(files[-1].start + self.units_per_file)
+        return files[-1]
+
+    def _add_file(self, start: int) -> _QueueFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        qf = _QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True)
+        with self._lock:
+            self._files.append(qf)
+        return qf
+
+    @property
+    def is_empty(self) -> bool:
+        """No file at all: the queue has never been written (or was destroyed)."""
+        return not self._files
+
+    def initialize_at(self, first_offset: int) -> None:
+        """Start an empty queue at `first_offset`: its file begins at the aligned slot below and
+        the slots before `first_offset` get the blank unit, as RocketMQ pads a late first file."""
+        if self._files:
+            raise ValueError(f"{self.topic}/{self.queue_id} already has files")
+        start = first_offset - first_offset % self.units_per_file
+        qf = self._add_file(start)
+        count = first_offset - start
+        if count:
+            qf.mm[0 : count * UNIT_SIZE] = BLANK_UNIT * count
+        with self._lock:
+            self.min_offset = first_offset
+            self.commit_frontier = first_offset
+            self._pending.clear()
+
+    def write(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
+        """Write one unit at its slot; False if the slot is already below the frontier."""
+        if queue_offset < self.commit_frontier:
+            return False
+        if not self._files:
+            self.initialize_at(0)
+        qf = self._file_for(queue_offset, create=True)
+        if qf is None:
+            raise ValueError(f"queue offset {queue_offset} of {self.topic}/{self.queue_id} is below its first file")
+        UNIT.pack_into(qf.mm, (queue_offset - qf.start) * UNIT_SIZE, commit_log_offset, size, tags_code)
+        end = commit_log_offset + size
+        if end > self.max_physical_offset:
+            self.max_physical_offset = end
+        return True
+
+    def commit(self, queue_offset: int) -> bool:
+        """Mark a written slot as complete; True if the frontier moved."""
+        with self._lock:
+            if queue_offset != self.commit_frontier:
+                if queue_offset > self.commit_frontier:
+                    self._pending.add(queue_offset)
+                return False
+            frontier = queue_offset + 1
+            pending = self._pending
+            while frontier in pending:
+                pending.remove(frontier)
+                frontier += 1
+            self.commit_frontier = frontier
+            return True
+
+    def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
+        """Write and commit one unit (sequential dispatch); True if the frontier moved."""
+        if not self.write(queue_offset, commit_log_offset, size, tags_code):
+            return False
+        return self.commit(queue_offset)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _unit_at(self, queue_offset: int) -> tuple[int, int, int]:
+        qf = self._file_for(queue_offset, create=False)
+        if qf is None:
+            raise IndexError(queue_offset)
+        return UNIT.unpack_from(qf.mm, (queue_offset - qf.start) * UNIT_SIZE)
+
+    @property
+    def max_offset(self) -> int:
+        """Exclusive maximum visible offset (the commit frontier)."""
+        return self.commit_frontier
+
+    def read(self, queue_offset: int, max_count: int) -> list[Unit]:
+        """Units from `queue_offset` (clamped to the minimum) up to the frontier, at most `max_count`."""
+        with self._lock:
+            start = max(queue_offset, self.min_offset)
+            end = min(self.commit_frontier, start + max_count)
+            out: list[Unit] = []
+            offset = start
+            while offset < end:
+                qf = self._file_for(offset, create=False)
+                if qf is None:
+                    break
+                stop = min(end, qf.start + self.units_per_file)
+                pos = (offset - qf.start) * UNIT_SIZE
+                for i, (off, size, tags) in enumerate(UNIT.iter_unpack(qf.mm[pos : pos + (stop - offset) * UNIT_SIZE])):
+                    if size != BLANK_UNIT_SIZE:
+                        out.append(Unit(offset + i, off, size, tags))
+                offset = stop
+            return out
+
+    def read_raw(self, queue_offset: int, count: int) -> bytes:
+        """The raw units of `count` slots from `queue_offset` (for checks and byte comparisons)."""
+        out = bytearray()
+        offset = queue_offset
+        while count > 0:
+            qf = self._file_for(offset, create=False)
+            if qf is None:
+                break
+            n = min(count, qf.start + self.units_per_file - offset)
+            pos = (offset - qf.start) * UNIT_SIZE
+            out += qf.mm[pos : pos + n * UNIT_SIZE]
+            offset += n
+            count -= n
+        return bytes(out)
+
+    def offset_for_timestamp(self, timestamp: int, store_time_of: Callable[[int], int | None], upper: bool = False) -> int:
+        """The queue offset whose message was stored at `timestamp` (spec §2).
+
+        `store_time_of(commit_log_offset)` reads a record's store time, or None if that record is
+        gone (treated as older than everything).  LOWER (default): the first entry with store time
+        ≥ timestamp; UPPER: the last entry with store time ≤ timestamp.  Clamped to [min, max]."""
+        lo, hi = self.min_offset, self.commit_frontier - 1
+        if hi < lo:
+            return self.min_offset
+
+        def time_at(q: int) -> int:
+            t = store_time_of(self._unit_at(q)[0])
+            return -1 if t is None else t
+
+        if not upper:
+            # first q with time >= timestamp
+            left, right = lo, hi + 1
+            while left < right:
+                mid = (left + right) // 2
+                if time_at(mid) < timestamp:
+                    left = mid + 1
+                else:
+                    right = mid
+            return min(left, self.commit_frontier)
+        left, right = lo - 1, hi  # last q with time <= timestamp
+        while left < right:
+            mid = (left + right + 1) // 2
+            if time_at(mid) <= timestamp:
+                left = mid
+            else:
+                right = mid - 1
+        return max(left, self.min_offset)
+
+    def iter_units(self) -> Iterator[Unit]:
+        """Every committed unit, blanks excluded (for checks)."""
+        offset = self.min_offset
+        while offset < self.commit_frontier:
+            batch = self.read(offset, 4096)
+            if not batch:
+                break
+            yield from batch
+            offset = batch[-1].queue_offset + 1
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def truncate(self, commit_log_end: int) -> int:
+        """Drop units whose record starts at or past `commit_log_end`; returns how many slots."""
+        with self._lock:
+            self._pending = {q for q in self._pending if q < self.commit_frontier}
+            frontier = self.commit_frontier
+            new_frontier = frontier
+            while new_frontier > self.min_offset:
+                off, size, _ = self._unit_at(new_frontier - 1)
+                if size != BLANK_UNIT_SIZE and off < commit_log_end:
+                    break
+                new_frontier -= 1
+            if new_frontier == frontier:
+                return 0
+            for q in range(new_frontier, frontier):
+                qf = self._file_for(q, create=False)
+                if qf is not None:
+                    pos = (q - qf.start) * UNIT_SIZE
+                    qf.mm[pos : pos + UNIT_SIZE] = bytes(UNIT_SIZE)
+            for qf in [f for f in self._files if f.start >= new_frontier and f.start > self.min_offset]:
+                self._files.remove(qf)
+                qf.close()
+                qf.path.unlink(missing_ok=True)
+            self.commit_frontier = new_frontier
+            self.max_physical_offset = 0
+            if new_frontier > self.min_offset:
+                off, size, _ = self._unit_at(new_frontier - 1)
+                self.max_physical_offset = off + size
+            if not self._files or new_frontier == self.min_offset:
+                self.max_physical_offset = 0
+            return frontier - new_frontier
+
+    def correct_min_offset(self, min_commit_log_offset: int) -> None:
+        """Move the minimum past units whose records were deleted; drop files wholly below it."""
+        with self._lock:
+            lo, hi = self.min_offset, self.commit_frontier
+            while lo < hi:
+                mid = (lo + hi) // 2
+                off, size, _ = self._unit_at(mid)
+                if size == BLANK_UNIT_SIZE or off < min_commit_log_offset:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            self.min_offset = lo
+            while len(self._files) > 1 and self._files[1].start <= self.min_offset:
+                qf = self._files.pop(0)
+                qf.close()
+                qf.path.unlink(missing_ok=True)
+
+    def flush(self) -> None:
+        with self._lock:
+            files = list(self._files[-2:])
+        for qf in files:
+            qf.mm.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            for qf in self._files:
+                qf.close()
+            self._files.clear()
+
+    def destroy(self) -> None:
+        self.close()
+        if self.directory.is_dir():
+            for p in self.directory.iterdir():
+                p.unlink()
+            self.directory.rmdir()

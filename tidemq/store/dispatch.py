@@ -1,0 +1,243 @@
+"""Dispatch: build the indexes (ConsumeQueues, later light queues and the key index) from the
+CommitLog.
+
+A `DispatchRequest` is what one record contributes to the indexes; it knows its queue slot
+because queue offsets are assigned at append time.  A `DispatchSink` takes batches of requests;
+sinks may write slots out of order, and each reports the queues whose commit frontier moved so
+that listeners (long polling) are told only of committed entries.
+
+The `Dispatcher` tails the log from `dispatched_offset` up to a limit the store gives it (the
+flushed position under sync flush, the write position otherwise), decoding with the shared record
+codec.  Ownership: `dispatch_until` runs on one thread at a time (the dispatch thread, or recovery
+before that thread starts).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+from . import record
+from .commit_log import CommitLog
+from .consume_queue import DEFAULT_UNITS_PER_FILE, ConsumeQueue
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+# listener(changes): changes maps (topic, queue id) -> new commit frontier (exclusive max offset)
+ArrivalListener = Callable[[dict[QueueKey, int]], None]
+
+
+@dataclass(slots=True)
+class DispatchRequest:
+    topic: str
+    queue_id: int
+    commit_log_offset: int
+    size: int
+    tags_code: int
+    store_timestamp: int
+    queue_offset: int
+    sysflag: int
+    properties: dict[str, str]
+
+    @classmethod
+    def from_record(cls, rec: record.Record) -> "DispatchRequest":
+        return cls(
+            topic=rec.topic,
+            queue_id=rec.queue_id,
+            commit_log_offset=rec.commit_log_offset,
+            size=rec.total_size,
+            tags_code=record.tags_code(rec.properties.get(record.PROPERTY_TAGS)),
+            store_timestamp=rec.store_timestamp,
+            queue_offset=rec.queue_offset,
+            sysflag=rec.sysflag,
+            properties=rec.properties,
+        )
+
+    @property
+    def builds_queue_entry(self) -> bool:
+        """PREPARED and ROLLBACK transaction records get no queue entry."""
+        return self.sysflag & record.TRANSACTION_TYPE_MASK in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(record.PROPERTY_KEYS)
+        return [k for k in raw.split(record.KEY_SEPARATOR) if k] if raw else []
+
+    @property
+    def unique_key(self) -> str | None:
+        return self.properties.get(record.PROPERTY_UNIQ_KEY)
+
+
+class DispatchSink(Protocol):
+    name: str
+
+    def dispatch(self, requests: list[DispatchRequest], changes: dict[QueueKey, int]) -> None:
+        """Index `requests`; record each queue whose frontier moved in `changes`."""
+
+    def covered_offset(self) -> int:
+        """A commit-log offset below which everything is indexed (recovery restarts there)."""
+
+    def truncate(self, commit_log_end: int) -> None:
+        """Forget entries for records at or past `commit_log_end`."""
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ConsumeQueueStore:
+    """Every ConsumeQueue of the store, created on first use; the topic ConsumeQueue sink."""
+
+    name = "consume_queue"
+
+    def __init__(self, root: Path, units_per_file: int = DEFAULT_UNITS_PER_FILE) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.units_per_file = units_per_file
+        self.queues: dict[QueueKey, ConsumeQueue] = {}
+        self.logics_msg_timestamp = 0
+        # set during recovery: an empty queue whose first re-dispatched slot is not 0
+        self.late_start: set[QueueKey] = set()
+        self.allow_late_start = True
+        for topic_dir in sorted(self.root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.is_dir() and queue_dir.name.lstrip("-").isdigit():
+                    key = (topic_dir.name, int(queue_dir.name))
+                    cq = ConsumeQueue(self.root, key[0], key[1], units_per_file)
+                    if cq.is_empty:
+                        cq.close()
+                    else:
+                        self.queues[key] = cq
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None:
+            cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file)
+            self.queues[key] = cq
+        return cq
+
+    def dispatch(self, requests: list[DispatchRequest], changes: dict[QueueKey, int]) -> None:
+        queues = self.queues
+        for req in requests:
+            if not req.builds_queue_entry:
+                continue
+            key = (req.topic, req.queue_id)
+            cq = queues.get(key)
+            if cq is None:
+                cq = self.get_or_create(req.topic, req.queue_id)
+            if cq.is_empty:
+                if req.queue_offset and not self.allow_late_start:
+                    self.late_start.add(key)
+                    continue
+                cq.initialize_at(req.queue_offset)
+            if cq.put(req.queue_offset, req.commit_log_offset, req.size, req.tags_code):
+                changes[key] = cq.commit_frontier
+            self.logics_msg_timestamp = req.store_timestamp
+
+    def covered_offset(self) -> int:
+        return max((cq.max_physical_offset for cq in self.queues.values()), default=0)
+
+    def has_holes(self) -> bool:
+        return bool(self.late_start) or any(cq._pending for cq in self.queues.values())
+
+    def truncate(self, commit_log_end: int) -> None:
+        for key, cq in list(self.queues.items()):
+            dropped = cq.truncate(commit_log_end)
+            if dropped:
+                log.info("consume queue %s/%d: dropped %d entries past commit-log offset %d", key[0], key[1], dropped, commit_log_end)
+
+    def correct_min_offset(self, min_commit_log_offset: int) -> None:
+        for cq in self.queues.values():
+            cq.correct_min_offset(min_commit_log_offset)
+
+    def flush(self) -> None:
+        for cq in list(self.queues.values()):
+            cq.flush()
+
+    def close(self) -> None:
+        for cq in self.queues.values():
+            cq.close()
+
+
+@dataclass(slots=True)
+class DispatchStats:
+    records: int = 0
+    bytes: int = 0
+    last_store_timestamp: int = 0
+
+
+class Dispatcher:
+    """Tails the CommitLog and feeds every sink, one batch of records at a time."""
+
+    def __init__(self, commit_log: CommitLog, sinks: Iterable[DispatchSink], start_offset: int) -> None:
+        self.commit_log = commit_log
+        self.sinks = list(sinks)
+        self.dispatched_offset = start_offset
+        self.listeners: list[ArrivalListener] = []
+        self.stats = DispatchStats()
+        self.batch_bytes = 4 << 20
+
+    def add_sink(self, sink: DispatchSink) -> None:
+        self.sinks.append(sink)
+
+    def dispatch_until(self, limit: int, notify: bool = True) -> int:
+        """Dispatch every record wholly below `limit`; returns how many records."""
+        total = 0
+        while self.dispatched_offset < limit:
+            requests, next_offset = self._read_batch(limit)
+            if next_offset == self.dispatched_offset:
+                break
+            changes: dict[QueueKey, int] = {}
+            if requests:
+                for sink in self.sinks:
+                    sink.dispatch(requests, changes)
+                last = requests[-1]
+                self.stats.records += len(requests)
+                self.stats.last_store_timestamp = last.store_timestamp
+            self.stats.bytes += next_offset - self.dispatched_offset
+            self.dispatched_offset = next_offset
+            total += len(requests)
+            if notify and changes:
+                for listener in self.listeners:
+                    try:
+                        listener(changes)
+                    except Exception:  # a listener's bug must not stop dispatch
+                        log.exception("arrival listener failed")
+        return total
+
+    def _read_batch(self, limit: int) -> tuple[list[DispatchRequest], int]:
+        offset = self.dispatched_offset
+        segment = self.commit_log.segment_for(offset)
+        if segment is None:
+            return [], offset
+        mm = segment.mm
+        base = segment.start
+        stop = min(limit, segment.end, offset + self.batch_bytes)
+        requests: list[DispatchRequest] = []
+        from_record = DispatchRequest.from_record
+        decode = record.decode
+        while offset < stop:
+            result = decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False)
+            if type(result) is record.Record:
+                end = offset + result.total_size
+                if end > limit:
+                    break
+                requests.append(from_record(result))
+                offset = end
+            elif type(result) is record.EndOfSegment:
+                offset = segment.end
+                break
+            else:
+                # nothing more readable here yet (the writer has not reached it) or damage that
+                # recovery will report; dispatch never skips past it
+                break
+        return requests, offset

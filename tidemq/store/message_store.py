@@ -1,0 +1,520 @@
+"""MessageStore: the embedded store's one entry point.
+
+    store = MessageStore(path, StoreConfig(flush="sync"))
+    result = store.put(Message(topic="orders", body=b"...", queue_id=3, tags="paid"))
+    got = store.get("orders", 3, offset=0, max_count=32)
+    store.close()
+
+Threads and ownership:
+- callers of `put` (any number): encode outside the lock; `_append_lock` guards the queue-offset
+  table, the commit log's write position and segment rolls — one writer at a time;
+- the dispatch thread: the only caller of `Dispatcher.dispatch_until` once the store is open;
+- the flush thread (group commit under sync flush, periodic under async) and the maintenance
+  thread (checkpoint, consume-queue flush, retention).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import record
+from .checkpoint import Checkpoint
+from .commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
+from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
+from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
+from .errors import CorruptStoreError, InvalidMessageError, StoreClosedError, StoreIOError, StoreLockedError
+from .flush import GroupCommit, PeriodicService
+from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
+
+log = logging.getLogger(__name__)
+
+FLUSH_ASYNC = "async"
+FLUSH_SYNC = "sync"
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class StoreConfig:
+    """Store options; names follow RocketMQ's MessageStoreConfig where one exists."""
+
+    segment_size: int = DEFAULT_SEGMENT_SIZE  # mappedFileSizeCommitLog
+    consume_queue_units: int = DEFAULT_UNITS_PER_FILE  # mappedFileSizeConsumeQueue / 20
+    flush: str = FLUSH_ASYNC  # flushDiskType
+    flush_interval_ms: int = 500  # flushIntervalCommitLog
+    sync_flush_timeout_ms: int = 5000  # syncFlushTimeout
+    max_message_size: int = 4 * 1024 * 1024  # maxMessageSize (body)
+    max_topic_bytes: int = 255
+    max_queue_id: int = 65535
+    store_host: tuple[str, int] = ("127.0.0.1", 10911)
+    retention_hours: float = 72.0  # fileReservedTime
+    maintenance_interval_ms: int = 1000  # checkpoint, consume-queue flush, retention
+    repair: bool = False
+    clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.flush not in (FLUSH_ASYNC, FLUSH_SYNC):
+            raise ValueError(f"flush must be {FLUSH_ASYNC!r} or {FLUSH_SYNC!r}, not {self.flush!r}")
+
+
+@dataclass
+class Message:
+    """A message to append.  `tags` and `keys` become the TAGS and KEYS properties."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    tags: str | None = None
+    keys: list[str] | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    sysflag: int = 0
+    born_timestamp: int | None = None
+    born_host: tuple[str, int] = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class PutResult:
+    commit_log_offset: int
+    size: int
+    queue_offset: int
+    msg_id: str  # offset message id (store host + commit-log offset)
+    unique_key: str  # UNIQ_KEY: the client-facing message id
+    store_timestamp: int
+
+
+@dataclass(slots=True)
+class GetResult:
+    messages: list[record.Record]  # bodies copied out of the log
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class DispatchLag:
+    bytes: int
+    milliseconds: int
+
+
+class _UniqueKeys:
+    """UNIQ_KEY for messages that arrive without one: ip(4) + pid(2) + random(4) + seconds
+    since start (4) + counter(2), 32 uppercase hex characters, like RocketMQ's client ids."""
+
+    def __init__(self, host: str) -> None:
+        try:
+            ip = socket.inet_aton(host)
+        except OSError:
+            ip = b"\x7f\x00\x00\x01"
+        self._prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
+        self._start = time.monotonic()
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> str:
+        with self._lock:
+            self._counter = (self._counter + 1) & 0xFFFF
+            counter = self._counter
+        seconds = int(time.monotonic() - self._start) & 0xFFFFFFFF
+        return f"{self._prefix}{seconds:08X}{counter:04X}"
+
+
+class MessageStore:
+    def __init__(self, directory: str | os.PathLike, config: StoreConfig | None = None) -> None:
+        self.directory = Path(directory)
+        self.config = config or StoreConfig()
+        self.clock = self.config.clock
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._closed = True
+        self._lock_fd = self._take_lock()
+        try:
+            self._open()
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._closed = False
+
+    # -- opening --------------------------------------------------------------------------------
+
+    def _take_lock(self) -> int:
+        path = self.directory / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreLockedError(f"store {self.directory} is in use by another process (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def _open(self) -> None:
+        cfg = self.config
+        self.abort_path = self.directory / "abort"
+        self.checkpoint_path = self.directory / "checkpoint"
+        abnormal = self.abort_path.exists()
+        self.checkpoint = Checkpoint.load(self.checkpoint_path)
+        self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size)
+        self.consume_queues = ConsumeQueueStore(self.directory / "consumequeue", cfg.consume_queue_units)
+        self._append_lock = threading.Lock()
+        self._queue_offsets: dict[tuple[str, int], int] = {}
+        self._unique_keys = _UniqueKeys(cfg.store_host[0])
+        self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
+        self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues], 0)
+        self.recovery = self._recover(abnormal)
+        self.abort_path.write_text(str(os.getpid()))
+        self._dispatch_event = threading.Event()
+        self._stopping = False
+        self._dispatch_thread = threading.Thread(target=self._dispatch_loop, name="tidemq-dispatch", daemon=True)
+        self._dispatch_thread.start()
+        self.group_commit: GroupCommit | None = None
+        self._flush_service: PeriodicService | None = None
+        if cfg.flush == FLUSH_SYNC:
+            self.group_commit = GroupCommit(self.commit_log, self._on_flushed, cfg.sync_flush_timeout_ms)
+        else:
+            self._flush_service = PeriodicService("tidemq-flush", cfg.flush_interval_ms / 1000, self._flush_async)
+        self._maintenance = PeriodicService("tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance)
+
+    def _recover(self, abnormal: bool) -> RecoveryReport:
+        commit_log, queues = self.commit_log, self.consume_queues
+        covered = queues.covered_offset()
+        start = choose_scan_start(commit_log, covered, self.checkpoint, abnormal)
+        scan = scan_log(commit_log, start)
+        report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
+        if scan.invalid is not None:
+            bad = scan.invalid
+            if scan.corrupt_in_middle and not self.config.repair:
+                raise CorruptStoreError(
+                    f"store {self.directory}: corrupt record at commit-log offset {bad.offset} ({bad.reason}) "
+                    f"with {scan.valid_after_invalid} valid record(s) after it; refusing to open. "
+                    f"Run 'tidemq store repair {self.directory}' to cut the log there (the cut bytes are kept "
+                    f"under repair/)",
+                    bad.offset,
+                )
+            report.cut_bytes = cut_tail(commit_log, scan.end, self.directory, keep_copy=scan.corrupt_in_middle)
+            what = "corrupt record" if scan.corrupt_in_middle else "torn tail"
+            msg = f"{what} at commit-log offset {bad.offset} ({bad.reason}): cut {report.cut_bytes} bytes from there"
+            if scan.corrupt_in_middle:
+                msg += f", including {scan.valid_after_invalid}+ valid record(s) (copy kept under repair/)"
+            log.warning("recovery: %s", msg)
+            report.messages.append(msg)
+        elif commit_log.segments:
+            commit_log.truncate(scan.end)
+        commit_log.write_position = scan.end
+        commit_log.flushed_position = min(commit_log.flushed_position, start)
+        commit_log.flush()
+        if not commit_log.segments:
+            for cq in list(queues.queues.values()):
+                cq.destroy()
+            queues.queues.clear()
+        queues.truncate(scan.end)
+        queues.correct_min_offset(commit_log.min_offset)
+
+        redispatch_from = queues.covered_offset()
+        if abnormal:
+            redispatch_from = min(redispatch_from, self.checkpoint.confirm_phy_offset)
+        redispatch_from = min(max(redispatch_from, commit_log.min_offset), scan.end)
+        report.redispatched_from = redispatch_from
+        self.dispatcher.dispatched_offset = redispatch_from
+        queues.allow_late_start = redispatch_from <= commit_log.min_offset
+        self.dispatcher.dispatch_until(scan.end, notify=False)
+        if queues.has_holes():
+            msg = "consume queues have missing entries (deleted or damaged files); rebuilding them from the whole log"
+            log.warning("recovery: %s", msg)
+            report.messages.append(msg)
+            queues.late_start.clear()
+            queues.allow_late_start = True
+            self.dispatcher.dispatched_offset = commit_log.min_offset
+            self.dispatcher.dispatch_until(scan.end, notify=False)
+        queues.allow_late_start = True
+        for key, cq in queues.queues.items():
+            self._queue_offsets[key] = cq.commit_frontier
+        if scan.records:
+            self._last_written = (scan.end, scan.last_store_timestamp)
+        return report
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _validate(self, message: Message) -> None:
+        cfg = self.config
+        topic = message.topic
+        if not isinstance(topic, str) or not topic:
+            raise InvalidMessageError("topic must be a non-empty string")
+        if len(topic.encode("utf-8")) > cfg.max_topic_bytes:
+            raise InvalidMessageError(f"topic is {len(topic.encode('utf-8'))} bytes, at most {cfg.max_topic_bytes}")
+        if "/" in topic or "\x00" in topic or topic in (".", ".."):
+            raise InvalidMessageError(f"topic {topic!r} contains '/' or NUL, or is a dot name")
+        if not isinstance(message.queue_id, int) or not 0 <= message.queue_id <= cfg.max_queue_id:
+            raise InvalidMessageError(f"queue id {message.queue_id!r} out of range [0, {cfg.max_queue_id}]")
+        if not isinstance(message.body, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError("body must be bytes")
+        if len(message.body) > cfg.max_message_size:
+            raise InvalidMessageError(f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}")
+
+    def _prepare(self, message: Message) -> tuple[record.EncodedMessage, str]:
+        self._validate(message)
+        properties = dict(message.properties)
+        if message.tags is not None:
+            properties[record.PROPERTY_TAGS] = message.tags
+        if message.keys:
+            properties[record.PROPERTY_KEYS] = record.KEY_SEPARATOR.join(message.keys)
+        unique_key = properties.get(record.PROPERTY_UNIQ_KEY)
+        if not unique_key:
+            unique_key = properties[record.PROPERTY_UNIQ_KEY] = self._unique_keys.next()
+        try:
+            properties_bytes = record.encode_properties(properties)
+            encoded = record.prepare(
+                topic=message.topic,
+                body=bytes(message.body),
+                queue_id=message.queue_id,
+                properties_bytes=properties_bytes,
+                store_host=self.config.store_host,
+                born_host=message.born_host,
+                born_timestamp=self.clock() if message.born_timestamp is None else message.born_timestamp,
+                flag=message.flag,
+                sysflag=message.sysflag,
+                reconsume_times=message.reconsume_times,
+                prepared_transaction_offset=message.prepared_transaction_offset,
+            )
+        except record.CodecError as exc:
+            raise InvalidMessageError(str(exc)) from None
+        if encoded.total_size + record.BLANK_SIZE > self.config.segment_size:
+            raise InvalidMessageError(f"a {encoded.total_size}-byte record does not fit a {self.config.segment_size}-byte segment")
+        return encoded, unique_key
+
+    def put(self, message: Message) -> PutResult:
+        """Append one message; returns once the flush policy is satisfied.
+
+        Raises InvalidMessageError (nothing stored, no queue offset used), StoreIOError (the disk
+        refused; nothing stored), FlushTimeoutError (sync flush: written, durability unconfirmed)."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        encoded, unique_key = self._prepare(message)
+        key = (message.topic, message.queue_id)
+        takes_offset = message.sysflag & record.TRANSACTION_TYPE_MASK in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
+        with self._append_lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
+            store_timestamp = self.clock()
+            try:
+                offset = self.commit_log.append(encoded, queue_offset, store_timestamp)
+            except OSError as exc:
+                raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
+            if takes_offset:
+                self._queue_offsets[key] = queue_offset + 1
+            end = offset + encoded.total_size
+            self._last_written = (end, store_timestamp)
+        if self.group_commit is not None:
+            self.group_commit.wait_for(end)
+        else:
+            self._dispatch_event.set()
+        return PutResult(
+            commit_log_offset=offset,
+            size=encoded.total_size,
+            queue_offset=queue_offset,
+            msg_id=record.message_id(self.config.store_host, offset),
+            unique_key=unique_key,
+            store_timestamp=store_timestamp,
+        )
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int = 32) -> GetResult:
+        """Messages of a queue from `offset`, up to its commit frontier."""
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return GetResult([], offset, 0, 0)
+        units = cq.read(offset, max_count)
+        messages = [m for m in (self.read_unit(u) for u in units) if m is not None]
+        next_offset = units[-1].queue_offset + 1 if units else max(offset, cq.min_offset)
+        return GetResult(messages, min(next_offset, cq.commit_frontier), cq.min_offset, cq.commit_frontier)
+
+    def read_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[Unit]:
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.read(offset, max_count) if cq is not None else []
+
+    def read_unit(self, unit: Unit) -> record.Record | None:
+        rec = self.read_record(unit.commit_log_offset)
+        if rec is not None and rec.total_size != unit.size:
+            return None
+        return rec
+
+    def read_record(self, commit_log_offset: int, with_body: bool = True) -> record.Record | None:
+        """The record at a commit-log offset (body copied), or None if it is gone or invalid."""
+        result = self.commit_log.read_record(commit_log_offset, check_crc=False, read_body=with_body)
+        if type(result) is not record.Record:
+            return None
+        if with_body:
+            result.body = bytes(result.body)
+        return result
+
+    def store_time_of(self, commit_log_offset: int) -> int | None:
+        result = self.commit_log.read_record(commit_log_offset, check_crc=False, read_body=False, read_properties=False)
+        return result.store_timestamp if type(result) is record.Record else None
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Exclusive maximum readable offset: the queue's commit frontier."""
+        cq = self.consume_queues.get(topic, queue_id)
+        return cq.commit_frontier if cq is not None else 0
+
+    def assigned_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset `put` will assign (ahead of max_offset until dispatched)."""
+        with self._append_lock:
+            return self._queue_offsets.get((topic, queue_id), 0)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int, upper: bool = False) -> int:
+        cq = self.consume_queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_for_timestamp(timestamp, self.store_time_of, upper=upper)
+
+    def queues(self) -> list[tuple[str, int]]:
+        return sorted(self.consume_queues.queues)
+
+    def subscribe(self, listener: ArrivalListener) -> None:
+        """`listener({(topic, queue_id): new max offset, ...})` is called on the dispatch thread
+        whenever queues get newly committed entries."""
+        self.dispatcher.listeners.append(listener)
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    @property
+    def confirmed_offset(self) -> int:
+        """What dispatch may read: flushed bytes under sync flush, written bytes under async."""
+        if self.group_commit is not None:
+            return self.commit_log.flushed_position
+        return self.commit_log.write_position
+
+    def _dispatch_loop(self) -> None:
+        while not self._stopping:
+            self._dispatch_event.wait(0.01)
+            self._dispatch_event.clear()
+            try:
+                self._dispatch_pending()
+            except Exception:
+                log.exception("dispatch failed; retrying")
+                time.sleep(0.1)
+
+    def _dispatch_pending(self) -> None:
+        if self.dispatcher.dispatched_offset < self.commit_log.min_offset:
+            self.dispatcher.dispatched_offset = self.commit_log.min_offset
+        self.dispatcher.dispatch_until(self.confirmed_offset)
+
+    def wait_dispatched(self, timeout: float = 10.0) -> bool:
+        """Block until everything confirmed so far is dispatched (tests, tools, shutdown)."""
+        deadline = time.monotonic() + timeout
+        target = self.confirmed_offset
+        while self.dispatcher.dispatched_offset < target:
+            if time.monotonic() > deadline:
+                return False
+            self._dispatch_event.set()
+            time.sleep(0.001)
+        return True
+
+    def dispatch_lag(self) -> DispatchLag:
+        behind = max(0, self.confirmed_offset - self.dispatcher.dispatched_offset)
+        newest = self._last_written[1]
+        millis = max(0, newest - self.dispatcher.stats.last_store_timestamp) if behind else 0
+        return DispatchLag(behind, millis)
+
+    # -- flushing and maintenance ----------------------------------------------------------------
+
+    def _on_flushed(self, flushed: int) -> None:
+        self._dispatch_event.set()
+
+    def _flush_async(self) -> None:
+        self.commit_log.flush()
+        self._dispatch_event.set()
+
+    def flush(self) -> None:
+        """Make everything written so far durable, indexes included."""
+        self.commit_log.flush()
+        self._dispatch_event.set()
+        self.consume_queues.flush()
+
+    def save_checkpoint(self) -> None:
+        position, timestamp = self._last_written
+        flushed = self.commit_log.flush()
+        self.consume_queues.flush()
+        cp = self.checkpoint
+        if flushed >= position:
+            cp.physic_msg_timestamp = max(cp.physic_msg_timestamp, timestamp)
+        cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, self.consume_queues.logics_msg_timestamp)
+        cp.confirm_phy_offset = min(flushed, self.dispatcher.dispatched_offset)
+        cp.master_flushed_offset = flushed
+        cp.save(self.checkpoint_path)
+
+    def run_maintenance(self) -> None:
+        self.delete_expired_segments()
+        self.save_checkpoint()
+
+    def delete_expired_segments(self) -> int:
+        """Delete segments whose newest record is older than the retention time (never the one
+        being written); returns how many.  Runs beside appends without taking their lock."""
+        horizon = self.clock() - int(self.config.retention_hours * 3600 * 1000)
+        segments = list(self.commit_log.segments)
+        cut_before = None
+        for current, following in zip(segments, segments[1:]):
+            first = self.commit_log.read_record(following.start, check_crc=False, read_body=False, read_properties=False)
+            # records are in store-time order: the next segment's first record bounds this one's newest
+            if type(first) is not record.Record or first.store_timestamp >= horizon:
+                break
+            if current.end > self.dispatcher.dispatched_offset:
+                break  # never delete what is not yet indexed
+            cut_before = current.end
+        if cut_before is None:
+            return 0
+        removed = self.commit_log.delete_segments_before(cut_before)
+        if removed:
+            self.consume_queues.correct_min_offset(self.commit_log.min_offset)
+            log.info("retention: deleted %d commit-log segment(s) below offset %d", len(removed), cut_before)
+        return len(removed)
+
+    # -- closing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._append_lock:
+            self._closed = True
+        self._maintenance.stop()
+        if self._flush_service is not None:
+            self._flush_service.stop()
+        if self.group_commit is not None:
+            self.group_commit.stop()
+        self.commit_log.flush()
+        self._stopping = True
+        self._dispatch_event.set()
+        self._dispatch_thread.join()
+        self.dispatcher.dispatch_until(self.confirmed_offset)
+        self.save_checkpoint()
+        if self.dispatcher.dispatched_offset >= self.commit_log.write_position:
+            self.abort_path.unlink(missing_ok=True)
+        self.consume_queues.close()
+        self.commit_log.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

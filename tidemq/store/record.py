@@ -1,0 +1,536 @@
+"""CommitLog record codec: RocketMQ's v1/v2 message layout, pure functions over bytes.
+
+Byte layout (big-endian), offsets for IPv4 hosts:
+
+    0  TOTALSIZE            i32     whole record, this field included
+    4  MAGICCODE            i32     0xDAA320A7 (v1) or 0xDAA320AB (v2: 2-byte topic length)
+    8  BODYCRC              i32     crc32(body) & 0x7FFFFFFF
+   12  QUEUEID              i32
+   16  FLAG                 i32
+   20  QUEUEOFFSET          i64     assigned at append time
+   28  PHYSICALOFFSET       i64     the record's own commit-log offset
+   36  SYSFLAG              i32
+   40  BORNTIMESTAMP        i64     ms
+   48  BORNHOST             ip4 + port i32 = 8, or ip6 + port = 20 (SYSFLAG 0x10)
+   56  STORETIMESTAMP       i64     ms, set under the append lock
+   64  STOREHOST            8 or 20 (SYSFLAG 0x20)
+   72  RECONSUMETIMES       i32
+   76  PREPAREDTXOFFSET     i64
+   84  BODYLEN i32, body
+       TOPICLEN (v1: u8, v2: i16), topic UTF-8
+       PROPLEN i16, properties UTF-8: name \\x01 value \\x02 ...
+
+Fixed overhead 4+4+4+4+4+8+8+4+8+8+8+8+4+8+4+1+2 = 91 bytes for v1 with IPv4 hosts; v2 adds one,
+each IPv6 host adds 12.
+
+A segment ends with a blank: [i32 remaining bytes][i32 BLANK_MAGIC_CODE], so no record spans two
+segments.  `decode` returns a typed result — Record, EndOfSegment, EndOfData, Invalid — never a
+magic number; the store, the dispatcher, recovery and the Spark data source all use it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7
+MESSAGE_MAGIC_CODE_V2 = -626843477  # 0xDAA320AB
+BLANK_MAGIC_CODE = -875286124  # 0xCBD43194
+
+BLANK_SIZE = 8  # [i32 size][i32 magic]
+QUEUE_OFFSET_POSITION = 20
+PHYSICAL_OFFSET_POSITION = 28
+SYSFLAG_POSITION = 36
+
+MAX_TOPIC_LENGTH_V1 = 127  # longer topics switch the record to v2
+MAX_TOPIC_BYTES = 32767  # i16 length field of v2
+MAX_PROPERTIES_BYTES = 32767
+
+# SYSFLAG bits
+FLAG_COMPRESSED = 0x1
+FLAG_MULTI_TAGS = 0x2
+TRANSACTION_TYPE_MASK = 0xC
+TRANSACTION_NOT = 0x0
+TRANSACTION_PREPARED = 0x4
+TRANSACTION_COMMIT = 0x8
+TRANSACTION_ROLLBACK = 0xC
+FLAG_BORNHOST_V6 = 0x10
+FLAG_STOREHOST_V6 = 0x20
+FLAG_NEED_UNWRAP = 0x40
+FLAG_INNER_BATCH = 0x80
+COMPRESSION_TYPE_MASK = 0x700
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+# Well-known property names (RocketMQ MessageConst).
+PROPERTY_TAGS = "TAGS"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
+PROPERTY_INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
+PROPERTY_INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
+KEY_SEPARATOR = " "
+
+
+class CodecError(ValueError):
+    """The record cannot be encoded as given (the caller's fault)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Java String.hashCode, the ConsumeQueue tags code
+
+
+@lru_cache(maxsize=65536)
+def java_string_hash(text: str) -> int:
+    """Java's `String.hashCode()`: h = 31*h + c over UTF-16 code units, wrapped to int32."""
+    h = 0
+    if text.isascii():
+        units = text.encode("ascii")
+    else:
+        raw = text.encode("utf-16-be", "surrogatepass")
+        units = struct.unpack(f">{len(raw) // 2}H", raw)
+    for unit in units:
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """The ConsumeQueue tags code: Java hash of the tag, sign-extended to i64; 0 without one."""
+    return java_string_hash(tags) if tags else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties
+
+
+def encode_properties(properties: dict[str, str]) -> bytes:
+    """`name \\x01 value \\x02` for each property whose value is not None."""
+    parts = []
+    for name, value in properties.items():
+        if value is None:
+            continue
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise CodecError(f"property {name!r}: names and values must be str")
+        if not name:
+            raise CodecError("property name must not be empty")
+        for text in (name, value):
+            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+                raise CodecError(f"property {name!r} contains a \\x01 or \\x02 separator character")
+        parts.append(f"{name}\x01{value}\x02")
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    """Inverse of `encode_properties`; like RocketMQ, skips segments under 3 chars or with no \\x01."""
+    result: dict[str, str] = {}
+    if not data:
+        return result
+    for segment in bytes(data).decode("utf-8", "replace").split(PROPERTY_SEPARATOR):
+        if len(segment) < 3:
+            continue
+        name, sep, value = segment.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            result[name] = value
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Hosts and message ids
+
+Host = tuple[str, int]
+
+
+@lru_cache(maxsize=1024)
+def encode_host(host: Host) -> tuple[bytes, bool]:
+    """(ip bytes + i32 port, is_ipv6) for an (address, port) pair."""
+    address, port = host
+    ip = ipaddress.ip_address(address)
+    if not 0 <= port <= 0x7FFFFFFF:
+        raise CodecError(f"port {port} out of range")
+    return ip.packed + struct.pack(">i", port), ip.version == 6
+
+
+def decode_host(data: bytes | memoryview) -> Host:
+    raw = bytes(data)
+    (port,) = struct.unpack_from(">i", raw, len(raw) - 4)
+    return str(ipaddress.ip_address(raw[:-4])), port
+
+
+def message_id(store_host: Host, commit_log_offset: int) -> str:
+    """RocketMQ's offset message id: uppercase hex of store ip + port (i32) + offset (i64)."""
+    packed, _ = encode_host(store_host)
+    return (packed + struct.pack(">q", commit_log_offset)).hex().upper()
+
+
+def parse_message_id(msg_id: str) -> tuple[Host, int]:
+    """(store host, commit-log offset) from an offset message id (32 or 56 hex characters)."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError as exc:
+        raise CodecError(f"message id {msg_id!r} is not hexadecimal") from exc
+    if len(raw) not in (16, 28):
+        raise CodecError(f"message id {msg_id!r} must be 32 (IPv4) or 56 (IPv6) hex characters")
+    (offset,) = struct.unpack_from(">q", raw, len(raw) - 8)
+    return decode_host(raw[:-8]), offset
+
+
+# ---------------------------------------------------------------------------------------------
+# Header layouts: one struct per (born v6, store v6); the topic-length width is in the tail.
+
+
+@lru_cache(maxsize=4)
+def header_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
+    """TOTALSIZE .. BODYLEN: everything before the body."""
+    born = "16si" if born_v6 else "4si"
+    store = "16si" if store_v6 else "4si"
+    return struct.Struct(f">iiiiiqqiq{born}q{store}iqi")
+
+
+def fixed_overhead(born_v6: bool = False, store_v6: bool = False, v2: bool = False) -> int:
+    return header_struct(born_v6, store_v6).size + (2 if v2 else 1) + 2
+
+
+@dataclass(slots=True)
+class Record:
+    """One decoded commit-log record. `body` is a memoryview into the source when decoded
+    without copying; call bytes() on it to keep it past the source buffer's life."""
+
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_log_offset: int
+    sysflag: int
+    born_timestamp: int
+    born_host: Host
+    store_timestamp: int
+    store_host: Host
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes | memoryview | None
+    topic: str
+    properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+
+    @property
+    def unique_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sysflag & TRANSACTION_TYPE_MASK
+
+    @property
+    def msg_id(self) -> str:
+        return message_id(self.store_host, self.commit_log_offset)
+
+
+@dataclass(slots=True, frozen=True)
+class EndOfSegment:
+    """A blank filler: the rest of the segment (`size` bytes from `offset`) holds no record."""
+
+    offset: int
+    size: int
+
+
+@dataclass(slots=True, frozen=True)
+class EndOfData:
+    """Zeros where the next record would start: nothing was ever written here."""
+
+    offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class Invalid:
+    """Bytes at `offset` are not a valid record: a torn write or corruption (the caller decides
+    which by what follows). `size` is the declared TOTALSIZE, or -1 if even that is unusable."""
+
+    offset: int
+    size: int
+    reason: str
+
+
+DecodeResult = Record | EndOfSegment | EndOfData | Invalid
+
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_SIZE_MAGIC = struct.Struct(">ii")
+
+
+def decode(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    base_offset: int = 0,
+    check_crc: bool = True,
+    read_body: bool = True,
+    read_properties: bool = True,
+    check_position: bool = True,
+) -> DecodeResult:
+    """Decode the record at `buf[pos:]`.  `base_offset` is the commit-log offset of `buf[0]`,
+    used to check PHYSICALOFFSET and to report positions.  Never raises on bad bytes."""
+    offset = base_offset + pos
+    available = len(buf) - pos
+    if available < 8:
+        if available <= 0 or not any(buf[pos:]):
+            return EndOfData(offset)
+        return Invalid(offset, -1, f"only {available} bytes left, too few for a record header")
+    total_size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        if total_size != available:
+            return Invalid(offset, total_size, f"blank filler of {total_size} bytes, but {available} remain in the segment")
+        return EndOfSegment(offset, total_size)
+    if total_size == 0 and magic == 0:
+        return EndOfData(offset)
+    if magic == MESSAGE_MAGIC_CODE:
+        v2 = False
+    elif magic == MESSAGE_MAGIC_CODE_V2:
+        v2 = True
+    else:
+        return Invalid(offset, total_size, f"bad magic code 0x{magic & 0xFFFFFFFF:08X}")
+    if total_size < 91 or total_size > available:
+        return Invalid(offset, total_size, f"record size {total_size} does not fit the {available} bytes left")
+    sysflag = _I32.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
+    header = header_struct(bool(sysflag & FLAG_BORNHOST_V6), bool(sysflag & FLAG_STOREHOST_V6))
+    (
+        _,
+        _,
+        body_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        physical_offset,
+        _,
+        born_timestamp,
+        born_ip,
+        born_port,
+        store_timestamp,
+        store_ip,
+        store_port,
+        reconsume_times,
+        prepared_offset,
+        body_len,
+    ) = header.unpack_from(buf, pos)
+    cursor = pos + header.size
+    end = pos + total_size
+    if body_len < 0 or cursor + body_len > end:
+        return Invalid(offset, total_size, f"body length {body_len} runs past the record")
+    body_view = memoryview(buf)[cursor : cursor + body_len]
+    cursor += body_len
+    if v2:
+        if cursor + 2 > end:
+            return Invalid(offset, total_size, "topic length runs past the record")
+        topic_len = _I16.unpack_from(buf, cursor)[0]
+        cursor += 2
+    else:
+        if cursor + 1 > end:
+            return Invalid(offset, total_size, "topic length runs past the record")
+        topic_len = buf[cursor]
+        cursor += 1
+    if topic_len < 0 or cursor + topic_len + 2 > end:
+        return Invalid(offset, total_size, f"topic length {topic_len} runs past the record")
+    topic_bytes = bytes(buf[cursor : cursor + topic_len])
+    cursor += topic_len
+    prop_len = _I16.unpack_from(buf, cursor)[0]
+    cursor += 2
+    if prop_len < 0 or cursor + prop_len != end:
+        return Invalid(
+            offset, total_size, f"record size {total_size} does not match its fields ({cursor + max(prop_len, 0) - pos})"
+        )
+    if check_position and physical_offset != offset:
+        return Invalid(offset, total_size, f"PHYSICALOFFSET {physical_offset} differs from the position {offset}")
+    if check_crc and (zlib.crc32(body_view) & 0x7FFFFFFF) != body_crc:
+        return Invalid(offset, total_size, "body CRC mismatch")
+    try:
+        topic = _decode_topic(topic_bytes)
+    except UnicodeDecodeError:
+        return Invalid(offset, total_size, "topic is not valid UTF-8")
+    properties = decode_properties(memoryview(buf)[cursor:end]) if read_properties and prop_len else {}
+    return Record(
+        total_size=total_size,
+        magic=magic,
+        body_crc=body_crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commit_log_offset=physical_offset,
+        sysflag=sysflag,
+        born_timestamp=born_timestamp,
+        born_host=_host(born_ip, born_port),
+        store_timestamp=store_timestamp,
+        store_host=_host(store_ip, store_port),
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_offset,
+        body=body_view if read_body else None,
+        topic=topic,
+        properties=properties,
+    )
+
+
+@lru_cache(maxsize=65536)
+def _decode_topic(raw: bytes) -> str:
+    return raw.decode("utf-8")
+
+
+@lru_cache(maxsize=4096)
+def _host(ip: bytes, port: int) -> Host:
+    return str(ipaddress.ip_address(ip)), port
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding: split so that the variable part is built outside the append lock and the
+# position-dependent fields (queue offset, physical offset, store time) are packed inside it.
+
+
+@dataclass(slots=True)
+class EncodedMessage:
+    """A message ready to append: everything but its position-dependent fields."""
+
+    header: struct.Struct
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    sysflag: int
+    born_timestamp: int
+    born_ip: bytes
+    born_port: int
+    store_ip: bytes
+    store_port: int
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body_len: int
+    tail: bytes  # body + topic length + topic + properties length + properties
+
+    def pack_into(self, buf, pos: int, queue_offset: int, commit_log_offset: int, store_timestamp: int) -> None:
+        self.header.pack_into(
+            buf,
+            pos,
+            self.total_size,
+            self.magic,
+            self.body_crc,
+            self.queue_id,
+            self.flag,
+            queue_offset,
+            commit_log_offset,
+            self.sysflag,
+            self.born_timestamp,
+            self.born_ip,
+            self.born_port,
+            store_timestamp,
+            self.store_ip,
+            self.store_port,
+            self.reconsume_times,
+            self.prepared_transaction_offset,
+            self.body_len,
+        )
+        start = pos + self.header.size
+        buf[start : start + len(self.tail)] = self.tail
+
+
+def prepare(
+    *,
+    topic: str,
+    body: bytes,
+    queue_id: int,
+    properties_bytes: bytes,
+    store_host: Host,
+    born_host: Host,
+    born_timestamp: int,
+    flag: int = 0,
+    sysflag: int = 0,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> EncodedMessage:
+    """Encode everything that does not depend on where the record lands."""
+    topic_bytes = topic.encode("utf-8")
+    if len(topic_bytes) > MAX_TOPIC_BYTES:
+        raise CodecError(f"topic is {len(topic_bytes)} bytes, at most {MAX_TOPIC_BYTES} fit a record")
+    if len(properties_bytes) > MAX_PROPERTIES_BYTES:
+        raise CodecError(f"properties are {len(properties_bytes)} bytes, at most {MAX_PROPERTIES_BYTES}")
+    born_packed, born_v6 = encode_host(born_host)
+    store_packed, store_v6 = encode_host(store_host)
+    sysflag &= ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
+    if born_v6:
+        sysflag |= FLAG_BORNHOST_V6
+    if store_v6:
+        sysflag |= FLAG_STOREHOST_V6
+    v2 = len(topic) > MAX_TOPIC_LENGTH_V1 or len(topic_bytes) > 255
+    header = header_struct(born_v6, store_v6)
+    topic_len = struct.pack(">h", len(topic_bytes)) if v2 else bytes((len(topic_bytes),))
+    tail = b"".join((body, topic_len, topic_bytes, struct.pack(">h", len(properties_bytes)), properties_bytes))
+    return EncodedMessage(
+        header=header,
+        total_size=header.size + len(tail),
+        magic=MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE,
+        body_crc=zlib.crc32(body) & 0x7FFFFFFF,
+        queue_id=queue_id,
+        flag=flag,
+        sysflag=sysflag,
+        born_timestamp=born_timestamp,
+        born_ip=born_packed[:-4],
+        born_port=born_host[1],
+        store_ip=store_packed[:-4],
+        store_port=store_host[1],
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_transaction_offset,
+        body_len=len(body),
+        tail=tail,
+    )
+
+
+def encode(
+    *,
+    topic: str,
+    body: bytes,
+    queue_id: int = 0,
+    queue_offset: int = 0,
+    commit_log_offset: int = 0,
+    store_timestamp: int = 0,
+    properties: dict[str, str] | None = None,
+    store_host: Host = ("127.0.0.1", 10911),
+    born_host: Host = ("127.0.0.1", 0),
+    born_timestamp: int = 0,
+    flag: int = 0,
+    sysflag: int = 0,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+) -> bytes:
+    """A whole record as bytes (tests, tools, and the Spark pipeline's fixtures)."""
+    prepared = prepare(
+        topic=topic,
+        body=body,
+        queue_id=queue_id,
+        properties_bytes=encode_properties(properties or {}),
+        store_host=store_host,
+        born_host=born_host,
+        born_timestamp=born_timestamp,
+        flag=flag,
+        sysflag=sysflag,
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_transaction_offset,
+    )
+    out = bytearray(prepared.total_size)
+    prepared.pack_into(out, 0, queue_offset, commit_log_offset, store_timestamp)
+    return bytes(out)
+
+
+def encode_blank(size: int) -> bytes:
+    """The filler that closes a segment: `size` bytes, of which the first 8 say so."""
+    if size < BLANK_SIZE:
+        raise CodecError(f"a blank needs at least {BLANK_SIZE} bytes, got {size}")
+    return _SIZE_MAGIC.pack(size, BLANK_MAGIC_CODE)
