@@ -390,6 +390,21 @@ def _host(ip: bytes, port: int) -> Host:
     return str(ipaddress.ip_address(ip)), port
 
 
+def skip_records(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> int:
+    """Follow the TOTALSIZE chain from the record at `pos` to the first record starting at or
+    past `limit`, reading only each record's size and magic (the Spark planner's cheap scan for
+    record-aligned split points).  Stops early where no record header is (a blank, zeros, damage
+    or the buffer's end) and returns that position: `decode` there says which."""
+    unpack = _SIZE_MAGIC.unpack_from
+    last = len(buf) - 8
+    while pos < limit and pos <= last:
+        size, magic = unpack(buf, pos)
+        if (magic != MESSAGE_MAGIC_CODE and magic != MESSAGE_MAGIC_CODE_V2) or size < 91 or pos + size > last + 8:
+            break
+        pos += size
+    return pos
+
+
 # ---------------------------------------------------------------------------------------------
 # Encoding: split so that the variable part is built outside the append lock and the
 # position-dependent fields (queue offset, physical offset, store time) are packed inside it.
