@@ -1,0 +1,207 @@
+"""Planning a commit-log read: which logs, which segments, which record-aligned byte ranges.
+
+A path names a store directory (`{store}/commitlog/` inside) or a commitlog directory itself;
+each is one broker's log.  Every segment is cut into ranges of about `partition_size` bytes whose
+ends are record boundaries, found **in the planner** by walking the TOTALSIZE chain
+(`record.skip_records`: 8 bytes read per record, no decoding).  Records never span segments, so a
+range never does either.  A range holds the records that *start* inside it.
+
+The last range of a segment runs to the segment's end (or the read's end offset), so the task
+reading it meets whatever ends the data there — a blank, zeros or damage — and reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql.datasource import InputPartition
+
+from ..store import record
+
+SEGMENT_NAME_LENGTH = 20
+DEFAULT_PARTITION_SIZE = 64 << 20
+NO_END = 1 << 62
+
+
+@dataclass(frozen=True)
+class CommitLogDir:
+    broker: str
+    directory: str  # the commitlog directory
+
+
+@dataclass
+class SegmentRange(InputPartition):
+    """Records starting in [lo, hi) of one segment (commit-log offsets)."""
+
+    broker: str
+    directory: str
+    path: str
+    segment_start: int
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        self.value = None
+
+
+def resolve(paths: list[str], brokers: list[str] | None = None) -> list[CommitLogDir]:
+    """The commit-log directories behind the given paths, each with its broker name (the store
+    directory's name unless `brokers` names them).  A path with neither is the caller's error."""
+    logs: list[CommitLogDir] = []
+    for index, raw in enumerate(paths):
+        path = Path(raw).expanduser()
+        if (path / "commitlog").is_dir():
+            directory, store = path / "commitlog", path
+        elif path.is_dir() and (path.name == "commitlog" or _segment_files(path)):
+            directory, store = path, path.parent if path.name == "commitlog" else path
+        else:
+            raise ValueError(f"{raw}: neither a store directory (with commitlog/) nor a commit-log directory")
+        name = brokers[index] if brokers else (store.resolve().name or str(store))
+        logs.append(CommitLogDir(name, str(directory)))
+    names = [log.broker for log in logs]
+    if len(set(names)) != len(names):
+        if brokers:
+            raise ValueError(f"broker names must differ: {names}")
+        logs = [CommitLogDir(str(Path(log.directory).resolve().parent), log.directory) for log in logs]
+    return logs
+
+
+def paths_from_options(options) -> list[str]:
+    """`load(path)` sets "path"; `load([p1, p2])` sets "paths" (a JSON list)."""
+    paths: list[str] = []
+    if options.get("paths"):
+        raw = options["paths"]
+        paths.extend(json.loads(raw) if raw.lstrip().startswith("[") else raw.split(","))
+    if options.get("path"):
+        paths.append(options["path"])
+    if not paths:
+        raise ValueError("tidemq-commitlog needs a path: .load(store_dir) or .load([store_dir, ...])")
+    return paths
+
+
+def _segment_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == SEGMENT_NAME_LENGTH)
+
+
+def segments(directory: str) -> list[tuple[int, str, int]]:
+    """(start offset, path, file size) of each segment, oldest first."""
+    out = []
+    for path in _segment_files(Path(directory)):
+        out.append((int(path.name), str(path), path.stat().st_size))
+    return out
+
+
+def map_segment(path: str) -> mmap.mmap | None:
+    """A read-only mapping of a segment file; None for an empty file."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def plan_log(log: CommitLogDir, partition_size: int, start: int = 0, end: int = NO_END) -> list[SegmentRange]:
+    """Record-aligned ranges covering the records of one log that start in [start, end)."""
+    ranges: list[SegmentRange] = []
+    for seg_start, path, size in segments(log.directory):
+        if seg_start + size <= start or seg_start >= end or size == 0:
+            continue
+        limit = min(size, end - seg_start)  # relative to the segment
+        mm = map_segment(path)
+        if mm is None:
+            continue
+        with mm:
+            lo = 0
+            if start > seg_start:
+                lo = record.skip_records(mm, 0, start - seg_start)
+            while lo < limit:
+                target = lo + partition_size
+                hi = record.skip_records(mm, lo, target) if target < limit else limit
+                if hi < target or hi >= limit:
+                    # the chain ends (or the read does) in this range: run it to the limit
+                    hi = limit
+                ranges.append(SegmentRange(log.broker, log.directory, path, seg_start, seg_start + lo, seg_start + hi))
+                lo = hi
+    return ranges
+
+
+def plan(logs: list[CommitLogDir], partition_size: int, start: int = 0, end: int = NO_END) -> list[SegmentRange]:
+    if partition_size < 1:
+        raise ValueError(f"partitionSize must be positive, got {partition_size}")
+    return [r for log in logs for r in plan_log(log, partition_size, start, end)]
+
+
+def log_end(log: CommitLogDir, start: int, stop: int = NO_END) -> int:
+    """The end of the last fully valid record at or after `start` (a record boundary): what a
+    tailing reader may read now (or the first record boundary at or past `stop`).  Decodes with
+    CRC, so a record still being written — its header in place, its body not yet — is left out."""
+    position = start
+    first = True
+    for seg_start, path, size in segments(log.directory):
+        if seg_start + size <= position:
+            continue
+        if seg_start > position:
+            if not first:
+                break  # a gap in the segment files: the readable log ends before it
+            position = seg_start  # older segments were deleted (retention)
+        first = False
+        mm = map_segment(path)
+        if mm is None:
+            break
+        with mm:
+            pos = position - seg_start
+            result = None
+            while seg_start + pos < stop:
+                result = record.decode(mm, pos, base_offset=seg_start, read_body=False, read_properties=False)
+                if type(result) is not record.Record:
+                    break
+                pos += result.total_size
+        if seg_start + pos >= stop:
+            return seg_start + pos
+        if type(result) is record.EndOfSegment:
+            position = seg_start + size
+            continue
+        position = seg_start + pos
+        break
+    return position
+
+
+def first_offset(log: CommitLogDir) -> int:
+    """The log's minimum offset: the start of its oldest segment (0 for an empty log)."""
+    found = segments(log.directory)
+    return found[0][0] if found else 0
+
+
+def tail_damage(log: CommitLogDir) -> record.Invalid | None:
+    """The invalid record that ends the log, if its last record is not valid: a torn tail.  Walks
+    the newest non-empty segment's size chain (8 bytes per record) and decodes only the last
+    record (CRC checked) and what follows it."""
+    for seg_start, path, size in reversed(segments(log.directory)):
+        mm = map_segment(path)
+        if mm is None:
+            continue
+        with mm:
+            pos, last = 0, None
+            while True:
+                following = record.skip_records(mm, pos, pos + 1)
+                if following == pos:
+                    break
+                last, pos = pos, following
+            if last is None and pos == 0 and not any(mm[:8]):
+                continue  # an empty segment: the tail is in an older one
+            found = None
+            if last is not None:
+                result = record.decode(mm, last, base_offset=seg_start, read_properties=False)
+                if type(result) is record.Invalid:
+                    found = result
+                del result
+            if found is None:
+                result = record.decode(mm, pos, base_offset=seg_start, read_properties=False)
+                if type(result) is record.Invalid:
+                    found = result
+                del result
+            return found
+    return None
