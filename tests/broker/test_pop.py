@@ -1,0 +1,254 @@
+"""Pop semantics at the broker level, in virtual time: invisibility, ack, change invisible time,
+redelivery with delivery_attempt + 1, dead letters, consumed offsets, auto-renew."""
+
+import pytest
+
+from tidemq.broker import BrokerError, Code, admin, dead_letter_topic
+
+
+def bodies(received):
+    return sorted(r.record.body for r in received)
+
+
+def test_received_message_is_invisible_until_its_deadline_then_redelivered(harness):
+    harness.send("T", b"m1")
+    first = harness.receive("G", "T", invisible_ms=30_000)
+    assert bodies(first) == [b"m1"] and first[0].delivery_attempt == 1
+    assert harness.receive("G", "T") == []
+    harness.clock.advance(29_999)
+    assert harness.receive("G", "T") == []
+    harness.clock.advance(1)
+    again = harness.receive("G", "T")
+    assert bodies(again) == [b"m1"] and again[0].delivery_attempt == 2
+    assert again[0].receipt_handle != first[0].receipt_handle
+
+
+def test_ack_removes_for_good_and_expired_or_superseded_handles_are_refused(harness):
+    harness.send("T", b"m1")
+    (r,) = harness.receive("G", "T", invisible_ms=10_000)
+    harness.broker.ack("G", "T", r.receipt_handle)
+    harness.clock.advance(3_600_000)
+    assert harness.receive("G", "T") == []
+    with pytest.raises(BrokerError) as err:
+        harness.broker.ack("G", "T", r.receipt_handle)
+    assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+    harness.send("T", b"m2")
+    (r2,) = harness.receive("G", "T", invisible_ms=10_000)
+    harness.clock.advance(10_000)  # expired
+    with pytest.raises(BrokerError) as err:
+        harness.broker.ack("G", "T", r2.receipt_handle)
+    assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+    (r3,) = harness.receive("G", "T", invisible_ms=10_000)
+    with pytest.raises(BrokerError):  # the first delivery's handle no longer names it
+        harness.broker.ack("G", "T", r2.receipt_handle)
+    harness.broker.ack("G", "T", r3.receipt_handle)
+    for bad in ("", "garbage", "1.2", "0.0.0.0"):
+        with pytest.raises(BrokerError) as err:
+            harness.broker.ack("G", "T", bad)
+        assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+
+
+def test_change_invisible_duration_moves_the_deadline_and_replaces_the_handle(harness):
+    harness.send("T", b"m1")
+    (r,) = harness.receive("G", "T", invisible_ms=10_000)
+    new_handle = harness.broker.change_invisible("G", "T", r.receipt_handle, 60_000)
+    assert new_handle != r.receipt_handle
+    with pytest.raises(BrokerError) as err:
+        harness.broker.change_invisible("G", "T", r.receipt_handle, 1_000)
+    assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+    harness.clock.advance(59_000)
+    assert harness.receive("G", "T") == []
+    harness.clock.advance(1_000)
+    again = harness.receive("G", "T")
+    assert again[0].delivery_attempt == 2
+    with pytest.raises(BrokerError) as err:
+        harness.broker.change_invisible("G", "T", again[0].receipt_handle, -1)
+    assert err.value.code == Code.ILLEGAL_INVISIBLE_TIME
+    assert harness.broker.change_invisible("G", "T", again[0].receipt_handle, 0)
+    assert harness.receive("G", "T")[0].delivery_attempt == 3
+
+
+def test_past_max_attempts_the_message_goes_to_the_dead_letter_queue(harness):
+    admin.create_group(harness.broker, "G", max_attempts=3)
+    harness.send("T", b"poison", tag="x")
+    for attempt in (1, 2, 3):
+        (r,) = harness.receive("G", "T", invisible_ms=10_000)
+        assert r.delivery_attempt == attempt
+        harness.clock.advance(10_000)
+    assert harness.receive("G", "T") == []  # moved, not delivered a 4th time
+    harness.run(harness.broker.settle())
+    harness.store.wait_dispatched()
+    dlq = dead_letter_topic("G")
+    assert harness.broker.metadata.topics[dlq].queue_nums == 1
+    (dead,) = harness.receive("other", dlq, invisible_ms=10_000)
+    assert dead.record.body == b"poison" and dead.record.tags == "x"
+    assert dead.record.properties["RETRY_TOPIC"] == "T"
+    assert dead.record.reconsume_times == 3
+    harness.clock.advance(10_000)
+    assert harness.receive("G", "T") == []
+    (progress,) = [t for g in admin.list_groups(harness.broker) if g["name"] == "G" for t in g["topics"]]
+    assert progress["backlog"] == 0
+
+
+def test_consumed_offset_advances_over_contiguous_acks_only(harness):
+    for i in range(4):
+        harness.send("T", b"m%d" % i)
+    admin.create_topic(harness.broker, "T", 8)
+    got = harness.receive("G", "T", invisible_ms=10_000)
+    assert len(got) == 4
+    by_queue = {}
+    for r in got:
+        by_queue.setdefault(r.record.queue_id, []).append(r)
+    # round-robin send: one message in each of queues 0..3
+    assert sorted(by_queue) == [0, 1, 2, 3]
+    harness.broker.ack("G", "T", by_queue[1][0].receipt_handle)
+    progress = _group_topic(harness, "G", "T")
+    assert progress["backlog"] == 3
+    assert {q["queue_id"]: q["consumed_offset"] for q in progress["queues"]}[1] == 1
+    assert {q["queue_id"]: q["consumed_offset"] for q in progress["queues"]}[0] == 0
+
+
+def test_consumed_offset_waits_for_the_oldest_unacked_entry(harness):
+    admin.create_topic(harness.broker, "One", 1)
+    for i in range(3):
+        harness.send("One", b"m%d" % i)
+    got = sorted(harness.receive("G", "One", invisible_ms=10_000), key=lambda r: r.record.queue_offset)
+    harness.broker.ack("G", "One", got[1].receipt_handle)
+    harness.broker.ack("G", "One", got[2].receipt_handle)
+    q = _group_topic(harness, "G", "One")["queues"][0]
+    assert (q["consumed_offset"], q["backlog"], q["in_flight"]) == (0, 3, 1)
+    harness.broker.ack("G", "One", got[0].receipt_handle)
+    q = _group_topic(harness, "G", "One")["queues"][0]
+    assert (q["consumed_offset"], q["backlog"], q["in_flight"]) == (3, 0, 0)
+
+
+def _group_topic(harness, group, topic):
+    (found,) = [t for g in admin.list_groups(harness.broker) if g["name"] == group for t in g["topics"] if t["topic"] == topic]
+    return found
+
+
+def test_each_group_gets_every_message_and_a_group_shares_them(harness):
+    for i in range(10):
+        harness.send("T", b"m%d" % i)
+    a = harness.receive("A", "T", batch=4, client_id="a1") + harness.receive("A", "T", batch=32, client_id="a2")
+    b = harness.receive("B", "T", batch=32)
+    assert bodies(a) == bodies(b) == sorted(b"m%d" % i for i in range(10))
+    assert harness.receive("A", "T") == []
+
+
+def test_batch_size_is_honoured_across_queues(harness):
+    for i in range(20):
+        harness.send("T", b"m%d" % i)
+    assert len(harness.receive("G", "T", batch=7)) == 7
+    assert len(harness.receive("G", "T", batch=100)) == 13
+
+
+def test_tag_filters_deliver_only_matching_messages_and_skip_the_rest(harness):
+    for tag in ("A", "B", "C", None, "A"):
+        harness.send("T", tag.encode() if tag else b"none", tag=tag)
+    got = harness.receive("G", "T", expression="A || C")
+    assert sorted(r.record.tags for r in got) == ["A", "A", "C"]
+    assert harness.receive("G", "T", expression="A || C") == []
+    assert _group_topic(harness, "G", "T")["backlog"] == 3  # in flight
+    for r in got:
+        harness.broker.ack("G", "T", r.receipt_handle)
+    assert _group_topic(harness, "G", "T")["backlog"] == 0  # skipped ones count as consumed
+    with pytest.raises(BrokerError) as err:
+        harness.receive("G", "T", expression="A ||")
+    assert err.value.code == Code.ILLEGAL_FILTER_EXPRESSION
+
+
+def test_in_flight_state_survives_a_restart(harness):
+    for i in range(3):
+        harness.send("T", b"m%d" % i)
+    got = harness.receive("G", "T", invisible_ms=20_000)
+    acked = [r for r in got if r.record.body == b"m1"][0]
+    harness.broker.ack("G", "T", acked.receipt_handle)
+    harness.send("T", b"m3")  # sent but never delivered
+    harness.close()
+    harness.open()
+    fresh = harness.receive("G", "T", invisible_ms=20_000)
+    assert bodies(fresh) == [b"m3"]  # the others are still invisible
+    harness.broker.ack("G", "T", fresh[0].receipt_handle)
+    harness.clock.advance(20_000)
+    again = harness.receive("G", "T", invisible_ms=20_000)
+    assert bodies(again) == [b"m0", b"m2"]
+    assert {r.delivery_attempt for r in again} == {2}
+
+
+def test_a_torn_last_journal_line_is_dropped(harness):
+    harness.send("T", b"m0")
+    (r,) = harness.receive("G", "T", invisible_ms=20_000)
+    harness.close()
+    with open(harness.directory / "pop" / "journal", "ab") as f:
+        f.write(b'["f","G","T",0,')
+    harness.open()
+    harness.clock.advance(20_000)
+    assert bodies(harness.receive("G", "T")) == [b"m0"]
+
+
+def test_auto_renew_extends_while_the_client_lives_and_the_first_handle_stays_valid(harness):
+    broker = harness.broker
+    broker.heartbeat("push-1", "PUSH_CONSUMER", "G")
+    harness.send("T", b"m0")
+    (r,) = harness.receive("G", "T", auto_renew=True, client_id="push-1")
+    assert r.invisible_until == harness.clock.now + broker.config.auto_renew_invisible_time_ms
+    for _ in range(5):
+        harness.clock.advance(55_000)
+        broker.heartbeat("push-1", "PUSH_CONSUMER", "G")
+        assert broker.renew(harness.clock.now) == 1
+        assert harness.receive("G", "T") == []
+    broker.ack("G", "T", r.receipt_handle)
+
+
+def test_auto_renewed_messages_come_back_soon_after_the_client_leaves(harness):
+    broker = harness.broker
+    broker.heartbeat("push-1", "PUSH_CONSUMER", "G")
+    harness.send("T", b"m0")
+    harness.receive("G", "T", auto_renew=True, client_id="push-1")
+    broker.client_terminated("push-1")
+    harness.clock.advance(broker.config.offline_invisible_time_ms)
+    (again,) = harness.receive("G", "T", client_id="simple")
+    assert again.delivery_attempt == 2
+
+
+def test_a_silent_client_stops_being_renewed(harness):
+    broker = harness.broker
+    broker.heartbeat("push-1", "PUSH_CONSUMER", "G")
+    harness.send("T", b"m0")
+    harness.receive("G", "T", auto_renew=True, client_id="push-1")
+    harness.clock.advance(broker.config.client_expire_ms)
+    broker.renew(harness.clock.now)
+    harness.clock.advance(broker.config.offline_invisible_time_ms)
+    assert bodies(harness.receive("G", "T")) == [b"m0"]
+
+
+def test_a_new_group_starts_from_the_beginning_of_the_topic(harness):
+    for i in range(3):
+        harness.send("T", b"m%d" % i)
+    got = harness.receive("G1", "T")
+    for r in got:
+        harness.broker.ack("G1", "T", r.receipt_handle)
+    assert len(harness.receive("Late", "T")) == 3
+
+
+def test_long_polling_is_woken_by_dispatch_not_by_its_timeout(harness):
+    import asyncio
+    import time
+
+    from tidemq.broker import Publish, ReceiveRequest
+
+    async def scenario():
+        req = ReceiveRequest(group="G", topic="Idle", client_id="c", invisible_ms=10_000, poll_ms=20_000)
+        harness.broker.route("Idle")
+        waiter = asyncio.ensure_future(harness.broker.receive(req))
+        while harness.broker.long_polling.waiting("Idle") == 0:
+            await asyncio.sleep(0)
+        started = time.monotonic()
+        await harness.broker.send(Publish(topic="Idle", body=b"wake", message_id="W1"))
+        got = await asyncio.wait_for(waiter, 10)
+        return got, time.monotonic() - started
+
+    got, waited = harness.run(scenario())
+    assert bodies(got) == [b"wake"]
+    assert waited < 10  # answered on arrival; the poll would have lasted 20 s

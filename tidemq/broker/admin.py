@@ -1,0 +1,76 @@
+"""Administration of topics and groups: create, list, and report a group's progress.
+
+Synchronous functions over a `Broker`, so that they serve both the running broker (through the
+admin service) and a stopped broker's store (the CLI opens it directly)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from . import validation
+from .broker import Broker
+from .codes import BrokerError, Code
+from .metadata import TOPIC_TYPES, GroupConfig, TopicConfig
+
+
+def create_topic(broker: Broker, name: str, queue_nums: int, message_type: str = "NORMAL") -> dict:
+    validation.check_topic_name(name, broker.config)
+    message_type = message_type.upper()
+    if message_type not in TOPIC_TYPES:
+        raise BrokerError(Code.BAD_REQUEST, f"topic type {message_type!r} is not one of {', '.join(TOPIC_TYPES)}")
+    if not 1 <= queue_nums <= 1024:
+        raise BrokerError(Code.BAD_REQUEST, f"queue count {queue_nums} outside [1, 1024]")
+    existing = broker.metadata.topics.get(name)
+    if existing is not None and queue_nums < existing.queue_nums:
+        raise BrokerError(Code.BAD_REQUEST, f"topic {name!r} has {existing.queue_nums} queues; they can be added, not removed")
+    return asdict(broker.metadata.put_topic(TopicConfig(name, queue_nums=queue_nums, message_type=message_type)))
+
+
+def list_topics(broker: Broker) -> list[dict]:
+    store = broker.store
+    out = []
+    for name, topic in sorted(broker.metadata.topics.items()):
+        queues = [{"queue_id": q, "min_offset": store.min_offset(name, q), "max_offset": store.max_offset(name, q)}
+                  for q in range(topic.queue_nums)]
+        out.append({**asdict(topic), "queues": queues})
+    return out
+
+
+def create_group(broker: Broker, name: str, max_attempts: int | None = None,
+                 retry_backoff_ms: list[int] | None = None) -> dict:
+    validation.check_group_name(name, broker.config)
+    group = broker.metadata.groups.get(name) or GroupConfig(name)
+    if max_attempts is not None:
+        if not 1 <= max_attempts <= 1000:
+            raise BrokerError(Code.BAD_REQUEST, f"max attempts {max_attempts} outside [1, 1000]")
+        group.retry_max_times = max_attempts - 1
+    if retry_backoff_ms is not None:
+        if not retry_backoff_ms or any(not 0 <= ms <= broker.config.max_invisible_time_ms for ms in retry_backoff_ms):
+            raise BrokerError(Code.BAD_REQUEST, "retry backoff must be a non-empty list of durations within 12 h")
+        group.retry_backoff_ms = list(retry_backoff_ms)
+    broker.metadata.put_group(group)
+    return {**asdict(group), "max_attempts": group.max_delivery_attempts}
+
+
+def list_groups(broker: Broker) -> list[dict]:
+    """Per group and subscribed topic, per queue: the consumed offset (everything below it is
+    acked), the queue's max offset, the backlog between them, and how many are in flight."""
+    store = broker.store
+    out = []
+    for name, group in sorted(broker.metadata.groups.items()):
+        topics = []
+        for (g, topic_name), sub in sorted(broker.subscriptions.items()):
+            if g != name:
+                continue
+            topic = broker.metadata.topics.get(topic_name)
+            queue_ids = sorted(set(range(topic.queue_nums if topic else 0)) | set(sub.queues))
+            queues = []
+            for qid in queue_ids:
+                low, high = store.min_offset(topic_name, qid), store.max_offset(topic_name, qid)
+                q = sub.queues.get(qid)
+                consumed = max(q.consumed_offset, low) if q is not None else low
+                queues.append({"queue_id": qid, "consumed_offset": consumed, "max_offset": high,
+                               "backlog": max(0, high - consumed), "in_flight": len(q.in_flight) if q else 0})
+            topics.append({"topic": topic_name, "backlog": sum(q["backlog"] for q in queues), "queues": queues})
+        out.append({**asdict(group), "max_attempts": group.max_delivery_attempts, "topics": topics})
+    return out

@@ -1,0 +1,475 @@
+"""The broker: messaging semantics over the store (send, pop receive, ack, change invisible time,
+retries, dead letters, long polling, auto-renew).  asyncio, no protobuf.
+
+Ownership: everything here runs on one event loop (`start(loop)`), so the in-flight table, the
+metadata tables and the sessions need no locks.  A pop (read units, read records, record the
+deliveries, journal them) never awaits in the middle, so two receives of one group never see the
+same entry.  Only `store.put` leaves the loop: under sync flush it blocks until fsync, so it runs
+in the default executor; under async flush it is a memory copy and runs inline."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from pathlib import Path
+
+from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message, MessageStore, StoreClosedError, StoreError, record
+from . import validation
+from .codes import BrokerError, Code
+from .config import BrokerConfig
+from .filters import MATCH_ALL, TagFilter, parse_filter
+from .long_polling import LongPolling
+from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_letter_topic
+from .pop_journal import PopJournal, delivery_fields
+from .pop_state import Delivery, Subscription
+from .sessions import PUSH_CONSUMER, ServerSettings, Sessions
+from .types import MIXED, NORMAL, Publish, Received, ReceiveRequest, SendResult
+
+log = logging.getLogger(__name__)
+
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+_SCAN_LIMIT = 1024  # consume-queue units one pop examines per queue at most (tag filters skip)
+
+
+class Broker:
+    def __init__(self, store: MessageStore, config: BrokerConfig | None = None) -> None:
+        self.store = store
+        self.config = config or BrokerConfig()
+        self.clock = self.config.clock
+        self.metadata = Metadata(store.directory / "config")
+        self.journal = PopJournal(store.directory / "pop")
+        self.subscriptions, self._generation = self.journal.replay()
+        self.journal.open(self.subscriptions.values())
+        self.sessions = Sessions(self.config.client_expire_ms)
+        self.long_polling = LongPolling()
+        self._round_robin: dict[str, int] = {}  # next write queue per topic
+        self._pop_start: dict[tuple[str, str], int] = {}  # first queue of the next pop per group and topic
+        self._wake_timers: dict[str, tuple[int, asyncio.TimerHandle]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._put_inline = store.config.flush != FLUSH_SYNC
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.store.subscribe(self._on_arrival)
+        self._maintenance = self._spawn(self._maintenance_loop())
+
+    def _on_arrival(self, changes: dict) -> None:  # dispatch thread
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            topics = {topic for topic, _ in changes}
+            try:
+                loop.call_soon_threadsafe(self.long_polling.notify, topics)
+            except RuntimeError:
+                pass  # the loop closed between the check and the call
+
+    async def _maintenance_loop(self) -> None:
+        interval = self.config.renew_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.renew(self.clock())
+                self.journal.sync()
+                if self.journal.needs_compaction():
+                    self.journal.compact(self.subscriptions.values())
+                self.sessions.expire(self.clock())
+            except Exception:
+                log.exception("broker maintenance failed")
+
+    def _spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def settle(self) -> None:
+        """Wait for background moves (dead letters) started so far to finish."""
+        while True:
+            pending = [t for t in self._tasks if t is not getattr(self, "_maintenance", None) and not t.done()]
+            if not pending:
+                return
+            await asyncio.wait(pending)
+
+    def stop_polling(self) -> None:
+        """Answer every waiting receive now; later receives do not wait (shutdown, step 1)."""
+        self.long_polling.close()
+
+    async def close(self) -> None:
+        """Cancel background work and make the journal durable (shutdown, after the server
+        finished its calls).  The store is closed by its owner."""
+        self.stop_polling()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for _, timer in self._wake_timers.values():
+            timer.cancel()
+        self.journal.close()
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    def topic(self, name: str, create: bool = True) -> TopicConfig:
+        topic = self.metadata.topics.get(name)
+        if topic is not None:
+            return topic
+        if name.startswith(DLQ_PREFIX):
+            return self.metadata.put_topic(TopicConfig(name, queue_nums=1))
+        if create and self.config.auto_create_topic_enable:
+            log.info("auto-creating topic %s with %d queues", name, self.config.default_topic_queue_nums)
+            return self.metadata.put_topic(TopicConfig(name, queue_nums=self.config.default_topic_queue_nums))
+        raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+
+    def group(self, name: str, create: bool = True) -> GroupConfig:
+        group = self.metadata.groups.get(name)
+        if group is not None:
+            return group
+        if create and self.config.auto_create_subscription_group:
+            log.info("auto-creating consumer group %s", name)
+            return self.metadata.put_group(GroupConfig(name))
+        raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist")
+
+    def route(self, topic_name: str) -> TopicConfig:
+        validation.check_topic_name(topic_name, self.config)
+        return self.topic(topic_name)
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def client_settings(self, client_id: str, client_type: str, group: str, topics: list[str]) -> ServerSettings:
+        session = self.sessions.touch(client_id, self.clock())
+        session.client_type, session.group, session.topics = client_type, group, topics
+        group_config = self.group(group) if group else None
+        return ServerSettings(
+            max_body_size=self.config.max_message_size,
+            validate_message_type=True,
+            send_attempts=self.config.producer_send_attempts,
+            max_delivery_attempts=group_config.max_delivery_attempts if group_config else 17,
+            retry_backoff_ms=tuple(group_config.retry_backoff_ms) if group_config else (),
+            long_polling_timeout_ms=self.config.long_polling_timeout_ms,
+        )
+
+    def heartbeat(self, client_id: str, client_type: str, group: str) -> None:
+        if group:
+            validation.check_group_name(group, self.config)
+            self.group(group)
+        session = self.sessions.touch(client_id, self.clock())
+        if client_type:
+            session.client_type = client_type
+        if group:
+            session.group = group
+
+    def telemetry_opened(self, client_id: str) -> None:
+        self.sessions.touch(client_id, self.clock()).telemetry_streams += 1
+
+    def telemetry_closed(self, client_id: str) -> None:
+        session = self.sessions.clients.get(client_id)
+        if session is not None:
+            session.telemetry_streams = max(0, session.telemetry_streams - 1)
+
+    def client_terminated(self, client_id: str) -> None:
+        """The client said goodbye: its auto-renewed messages become visible in a second, and its
+        waiting receives are answered."""
+        self.sessions.terminate(client_id)
+        self.long_polling.notify_client(client_id)
+        now = self.clock()
+        for sub in self.subscriptions.values():
+            for q in sub.queues.values():
+                for d in list(q.in_flight.values()):
+                    if d.renew_owner == client_id:
+                        self._set_invisible(sub, d, now + self.config.offline_invisible_time_ms, d.generation, "")
+
+    # -- send -----------------------------------------------------------------------------------
+
+    def check_publish(self, msg: Publish) -> TopicConfig:
+        cfg = self.config
+        validation.check_publish_topic(msg.topic, cfg)
+        validation.check_tag(msg.tag)
+        validation.check_keys(msg.keys)
+        validation.check_message_group(msg.message_group, cfg)
+        validation.check_properties(msg.properties, msg.tag, msg.keys, cfg)
+        validation.check_body(msg.body, cfg)
+        if not msg.message_id or not msg.message_id.strip():
+            raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id is blank")
+        if msg.delivery_timestamp is not None and msg.delivery_timestamp - self.clock() > 24 * 3600 * 1000:
+            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "delivery time is more than a day ahead")
+        topic = self.topic(msg.topic)
+        if topic.message_type not in (msg.message_type, MIXED):
+            raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                              f"topic {topic.name!r} takes {topic.message_type} messages, not {msg.message_type}")
+        if msg.message_type != NORMAL:
+            raise BrokerError(Code.NOT_IMPLEMENTED, f"{msg.message_type} messages are not supported yet")
+        return topic
+
+    async def send(self, msg: Publish, peer_host: str = "127.0.0.1") -> SendResult:
+        topic = self.check_publish(msg)
+        qid = self._round_robin.get(topic.name, -1) + 1
+        if qid >= topic.queue_nums:
+            qid = 0
+        self._round_robin[topic.name] = qid
+        properties = dict(msg.properties)
+        properties[record.PROPERTY_UNIQ_KEY] = msg.message_id
+        message = Message(
+            topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
+            properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
+            born_timestamp=msg.born_timestamp, born_host=(_host_or(msg.born_host, peer_host), 0),
+        )
+        put = await self._put(message)
+        return SendResult(msg.message_id, qid, put.queue_offset, put.commit_log_offset)
+
+    async def _put(self, message: Message):
+        try:
+            if self._put_inline:
+                return self.store.put(message)
+            return await asyncio.get_running_loop().run_in_executor(None, self.store.put, message)
+        except InvalidMessageError as exc:
+            raise BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}") from None
+        except FlushTimeoutError as exc:
+            raise BrokerError(Code.MASTER_PERSISTENCE_TIMEOUT, f"written but not yet durable: {exc}") from None
+        except StoreClosedError:
+            raise BrokerError(Code.INTERNAL_SERVER_ERROR, "the broker is shutting down") from None
+        except StoreError as exc:
+            log.error("store refused a message: %s", exc)
+            raise BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}") from None
+
+    # -- receive --------------------------------------------------------------------------------
+
+    def check_receive(self, req: ReceiveRequest) -> tuple[TopicConfig, GroupConfig, TagFilter]:
+        validation.check_group_name(req.group, self.config)
+        validation.check_topic_name(req.topic, self.config)
+        if not req.auto_renew:
+            validation.check_invisible_time(req.invisible_ms, self.config)
+        tag_filter = parse_filter(req.filter_type, req.filter_expression)
+        if req.poll_ms < 0:
+            raise BrokerError(Code.ILLEGAL_POLLING_TIME, f"long polling timeout {req.poll_ms} ms is negative")
+        if req.batch_size <= 0:
+            raise BrokerError(Code.BAD_REQUEST, f"batch size {req.batch_size} must be positive")
+        return self.topic(req.topic), self.group(req.group), tag_filter
+
+    async def receive(self, req: ReceiveRequest) -> list[Received]:
+        topic, group, tag_filter = self.check_receive(req)
+        sub = self._subscription(group.name, topic.name)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + req.poll_ms / 1000
+        while True:
+            got = self.pop(sub, topic, group, tag_filter, req)
+            if got or self.long_polling.closed:
+                return got
+            remaining = give_up - loop.time()
+            if remaining <= 0:
+                return got
+            due = sub.next_due()
+            if due is not None:
+                remaining = min(remaining, max(0.0, (due - self.clock()) / 1000))
+            await self.long_polling.wait(topic.name, req.client_id, remaining)
+
+    def _subscription(self, group: str, topic: str) -> Subscription:
+        sub = self.subscriptions.get((group, topic))
+        if sub is None:
+            sub = self.subscriptions[(group, topic)] = Subscription(group, topic)
+        return sub
+
+    def pop(self, sub: Subscription, topic: TopicConfig, group: GroupConfig, tag_filter: TagFilter,
+            req: ReceiveRequest) -> list[Received]:
+        """Deliver up to `req.batch_size` messages: due redeliveries first, then new entries from
+        every queue of the topic.  Synchronous: nothing else runs on the loop meanwhile."""
+        now = self.clock()
+        batch = min(req.batch_size, self.config.max_batch_size)
+        invisible = self.config.auto_renew_invisible_time_ms if req.auto_renew else req.invisible_ms
+        owner = req.client_id if req.auto_renew else ""
+        until = now + invisible
+        out: list[Received] = []
+        journal_deliveries: list = []
+        cursors: list = []
+        dead: list[Delivery] = []
+        while len(out) < batch:
+            d = sub.pop_due(now)
+            if d is None:
+                break
+            rec = self.store.read_record(d.commit_log_offset)
+            if rec is None or rec.queue_offset != d.queue_offset or rec.topic != sub.topic:
+                sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
+                self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+                continue
+            if not tag_filter.matches(rec.tags):
+                sub.finish(d.queue_id, d.queue_offset)  # the group no longer wants it
+                self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+                continue
+            if d.attempt >= group.max_delivery_attempts:
+                dead.append(d)
+                continue
+            self._generation += 1
+            again = Delivery(d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt + 1, until,
+                             self._generation, owner, now)
+            sub.deliver(again)
+            journal_deliveries.append(delivery_fields(again))
+            out.append(Received(rec, again.handle, again.attempt, until))
+        if len(out) < batch:
+            self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors)
+        if journal_deliveries or cursors:
+            self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
+            if journal_deliveries:
+                self._schedule_wake(sub.topic, until)
+        if dead:
+            for d in dead:  # hidden while in transit to the dead-letter queue (not journaled)
+                self._generation += 1
+                sub.set_invisible(d.queue_id, d.queue_offset, now + 60_000, self._generation, "")
+            self._spawn(self._dead_letter(sub, group, dead))
+        return out
+
+    def _pop_new(self, sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors) -> None:
+        store = self.store
+        n = topic.queue_nums
+        start = self._pop_start.get((sub.group, topic.name), 0) % n
+        self._pop_start[(sub.group, topic.name)] = (start + 1) % n
+        for i in range(n):
+            if len(out) >= batch:
+                break
+            qid = (start + i) % n
+            q = sub.queues.get(qid)
+            low = store.min_offset(topic.name, qid)
+            if q is None:
+                q = sub.queue(qid, low)
+            cursor = max(q.cursor, low)
+            high = store.max_offset(topic.name, qid)
+            scanned = 0
+            while cursor < high and len(out) < batch and scanned < _SCAN_LIMIT:
+                want = batch - len(out) if tag_filter is MATCH_ALL else min(64, high - cursor)
+                units = store.read_units(topic.name, qid, cursor, want)
+                if not units:
+                    break
+                for unit in units:
+                    scanned += 1
+                    cursor = unit.queue_offset + 1
+                    if not tag_filter.matches_code(unit.tags_code):
+                        continue
+                    rec = store.read_unit(unit)
+                    if rec is None or not tag_filter.matches(rec.tags):
+                        continue
+                    self._generation += 1
+                    d = Delivery(qid, unit.queue_offset, unit.commit_log_offset, 1, until, self._generation, owner, now)
+                    sub.deliver(d)
+                    journal_deliveries.append(delivery_fields(d))
+                    out.append(Received(rec, d.handle, 1, until))
+                    if len(out) >= batch:
+                        break
+            if cursor > q.cursor:
+                sub.advance(qid, cursor)
+                cursors.append([qid, cursor])
+
+    def _schedule_wake(self, topic: str, due: int) -> None:
+        """Wake the topic's waiting receivers when `due` passes, so redeliveries are not held
+        back until a long poll ends.  One timer per topic, for its earliest deadline."""
+        loop = self._loop
+        if loop is None:
+            return
+        current = self._wake_timers.get(topic)
+        if current is not None and current[0] <= due:
+            return
+        if current is not None:
+            current[1].cancel()
+        delay = max(0.0, (due - self.clock()) / 1000)
+        self._wake_timers[topic] = (due, loop.call_later(delay, self._wake_topic, topic))
+
+    def _wake_topic(self, topic: str) -> None:
+        self._wake_timers.pop(topic, None)
+        self.long_polling.notify((topic,))
+
+    # -- ack, change invisible time, dead letters --------------------------------------------------
+
+    def _delivery(self, group: str, topic: str, handle: str) -> tuple[Subscription, Delivery]:
+        validation.check_group_name(group, self.config)
+        validation.check_topic_name(topic, self.config)
+        sub = self.subscriptions.get((group, topic))
+        d = sub.lookup(handle, self.clock()) if sub is not None else None
+        if d is None:
+            raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired")
+        return sub, d
+
+    def ack(self, group: str, topic: str, handle: str) -> None:
+        sub, d = self._delivery(group, topic, handle)
+        sub.finish(d.queue_id, d.queue_offset)
+        self.journal.append(["f", group, topic, d.queue_id, d.queue_offset])
+
+    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
+        """A new deadline `invisible_ms` from now; returns the new receipt handle."""
+        if not 0 <= invisible_ms <= self.config.max_invisible_time_ms:
+            raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
+                              f"invisible time {invisible_ms} ms outside [0, {self.config.max_invisible_time_ms}] ms")
+        sub, d = self._delivery(group, topic, handle)
+        self._generation += 1
+        until = self.clock() + invisible_ms
+        self._set_invisible(sub, d, until, self._generation, "")
+        return d.handle
+
+    def _set_invisible(self, sub: Subscription, d: Delivery, until: int, generation: int, owner: str) -> None:
+        sub.set_invisible(d.queue_id, d.queue_offset, until, generation, owner)
+        self.journal.append(["i", sub.group, sub.topic, d.queue_id, d.queue_offset, until, generation, owner])
+        self._schedule_wake(sub.topic, until)
+
+    async def forward_to_dead_letter(self, group: str, topic: str, handle: str) -> None:
+        sub, d = self._delivery(group, topic, handle)
+        await self._dead_letter(sub, self.group(group), [d])
+
+    async def _dead_letter(self, sub: Subscription, group: GroupConfig, deliveries: list[Delivery]) -> None:
+        dlq = self.topic(dead_letter_topic(group.name))
+        for d in deliveries:
+            rec = self.store.read_record(d.commit_log_offset)
+            if rec is not None:
+                properties = dict(rec.properties)
+                properties.setdefault(PROPERTY_RETRY_TOPIC, rec.topic)
+                properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, rec.msg_id)
+                properties[PROPERTY_MAX_RECONSUME_TIMES] = str(group.retry_max_times)
+                try:
+                    await self._put(Message(
+                        topic=dlq.name, body=rec.body, queue_id=0, properties=properties,
+                        flag=rec.flag, sysflag=rec.sysflag & record.FLAG_COMPRESSED,
+                        born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=d.attempt,
+                    ))
+                except BrokerError as exc:
+                    log.error("could not move %s/%d@%d to %s (%s); it stays in flight and is retried",
+                              rec.topic, d.queue_id, d.queue_offset, dlq.name, exc.message)
+                    continue
+                log.info("moved %s/%d@%d to %s after %d delivery attempts", rec.topic, d.queue_id,
+                         d.queue_offset, dlq.name, d.attempt)
+            if sub.finish(d.queue_id, d.queue_offset) is not None:
+                self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+
+    # -- auto-renew -----------------------------------------------------------------------------
+
+    def renew(self, now: int) -> int:
+        """Extend auto-renewed deliveries close to their deadline while their client is alive;
+        make them visible in a second when it is gone.  Returns how many changed."""
+        cfg = self.config
+        changed = 0
+        for sub in self.subscriptions.values():
+            for q in sub.queues.values():
+                for d in list(q.in_flight.values()):
+                    if not d.renew_owner or d.invisible_until - now >= cfg.renew_ahead_ms:
+                        continue
+                    if not self.sessions.alive(d.renew_owner, now):
+                        self._set_invisible(sub, d, now + cfg.offline_invisible_time_ms, d.generation, "")
+                    elif now - d.first_popped >= cfg.renew_max_ms:
+                        self._set_invisible(sub, d, d.invisible_until, d.generation, "")
+                    else:
+                        self._set_invisible(sub, d, now + cfg.auto_renew_invisible_time_ms, d.generation, d.renew_owner)
+                    changed += 1
+        return changed
+
+
+def _host_or(host: str, fallback: str) -> str:
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return fallback
+
+
+def is_push_consumer(client_type: str) -> bool:
+    return client_type == PUSH_CONSUMER

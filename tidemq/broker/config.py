@@ -1,0 +1,45 @@
+"""Broker options; names follow RocketMQ's BrokerConfig / ProxyConfig where one exists."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# RocketMQ's default customized backoff for push consumers (messageDelayLevel 3 onward), in ms.
+DEFAULT_RETRY_BACKOFF_MS = [
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
+    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+]
+
+
+@dataclass
+class BrokerConfig:
+    auto_create_topic_enable: bool = True  # autoCreateTopicEnable
+    auto_create_subscription_group: bool = True  # autoCreateSubscriptionGroup
+    default_topic_queue_nums: int = 8  # defaultTopicQueueNums
+    broker_name: str = "tidemq"  # brokerName
+    max_message_size: int = 4 * 1024 * 1024  # maxMessageSize
+    max_user_property_count: int = 128  # maxUserPropertyNum
+    max_user_property_bytes: int = 16 * 1024  # maxUserPropertySize
+    max_topic_length: int = 127  # maxTopicLength (gRPC proxy)
+    max_group_length: int = 120  # maxConsumerGroupLength
+    max_message_group_bytes: int = 64  # maxMessageGroupSize
+    min_invisible_time_ms: int = 10_000  # minInvisibleTimeMillsOfReceive
+    max_invisible_time_ms: int = 12 * 3600 * 1000  # maxInvisibleTimeMills
+    max_batch_size: int = 32  # maxMsgNums of a pop
+    long_polling_timeout_ms: int = 20_000  # grpcClientConsumerLongPollingTimeoutMillis (push consumers)
+    auto_renew_invisible_time_ms: int = 60_000  # defaultInvisibleTimeMills
+    renew_ahead_ms: int = 10_000  # renewAheadTimeMillis
+    renew_interval_ms: int = 5_000  # renewSchedulePeriodMillis
+    renew_max_ms: int = 3 * 3600 * 1000  # renewMaxTimeMillis
+    offline_invisible_time_ms: int = 1_000
+    client_expire_ms: int = 120_000  # channelExpiredTimeout
+    producer_send_attempts: int = 3  # backoff_policy.max_attempts sent to producers
+    advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
+    clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)

@@ -1,0 +1,150 @@
+"""The in-flight table of pop consumption: every transition of a delivery's life lives here.
+
+Per (group, topic) a `Subscription` holds, per queue, the read `cursor` (next offset never
+delivered) and the `in_flight` deliveries below it.  Everything below the cursor that is not in
+flight is done: acked, filtered out, or moved to the dead-letter queue.  So a queue's consumed
+offset is the lowest in-flight offset, or the cursor when nothing is in flight.
+
+A delivery:  popped (attempt 1, invisible until T) --ack--> gone
+                 | deadline passes                   --change_invisible--> new deadline, new handle
+                 v
+             due --redeliver--> attempt + 1 ...   or, past max attempts --> dead-lettered (gone)
+
+Receipt handles are `"{queue_id}.{queue_offset}.{generation}"`; a handle is valid while its
+delivery is in flight with that generation and its deadline has not passed.  Internal renewals
+(auto-renew for push consumers) keep the generation, so the original handle stays valid.
+
+Owned by the broker's event loop; no locks.  Every mutation is also returned as a journal entry
+by the caller (`Broker`) so that `replay` rebuilds the same table after a restart."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Delivery:
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    attempt: int  # 1 for the first delivery
+    invisible_until: int  # ms
+    generation: int
+    renew_owner: str = ""  # client id of a push consumer that asked for auto-renew, "" otherwise
+    first_popped: int = 0  # ms, bounds auto-renewal
+
+    @property
+    def handle(self) -> str:
+        return f"{self.queue_id}.{self.queue_offset}.{self.generation}"
+
+
+@dataclass(slots=True)
+class QueueProgress:
+    cursor: int
+    in_flight: dict[int, Delivery] = field(default_factory=dict)
+
+    @property
+    def consumed_offset(self) -> int:
+        return min(self.in_flight) if self.in_flight else self.cursor
+
+
+def parse_handle(handle: str) -> tuple[int, int, int] | None:
+    parts = handle.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        qid, offset, generation = (int(p) for p in parts)
+    except ValueError:
+        return None
+    return qid, offset, generation
+
+
+class Subscription:
+    """Pop progress of one consumer group on one topic."""
+
+    __slots__ = ("group", "topic", "queues", "_due")
+
+    def __init__(self, group: str, topic: str) -> None:
+        self.group = group
+        self.topic = topic
+        self.queues: dict[int, QueueProgress] = {}
+        self._due: list[tuple[int, int, int, int]] = []  # (invisible_until, qid, offset, generation), lazily stale
+
+    def queue(self, qid: int, start: int) -> QueueProgress:
+        q = self.queues.get(qid)
+        if q is None:
+            q = self.queues[qid] = QueueProgress(start)
+        return q
+
+    # -- transitions ----------------------------------------------------------------------------
+
+    def deliver(self, d: Delivery) -> None:
+        """Record a delivery (first or again) of the entry at `d.queue_offset`."""
+        q = self.queue(d.queue_id, d.queue_offset)
+        q.in_flight[d.queue_offset] = d
+        if d.queue_offset >= q.cursor:
+            q.cursor = d.queue_offset + 1
+        heapq.heappush(self._due, (d.invisible_until, d.queue_id, d.queue_offset, d.generation))
+
+    def advance(self, qid: int, cursor: int) -> None:
+        """Entries below `cursor` that were not delivered are done (filtered out or skipped)."""
+        q = self.queue(qid, cursor)
+        if cursor > q.cursor:
+            q.cursor = cursor
+
+    def finish(self, qid: int, offset: int) -> Delivery | None:
+        """Ack, dead-letter, or drop: the entry is done for good."""
+        q = self.queues.get(qid)
+        return q.in_flight.pop(offset, None) if q is not None else None
+
+    def set_invisible(self, qid: int, offset: int, until: int, generation: int, renew_owner: str) -> Delivery | None:
+        q = self.queues.get(qid)
+        d = q.in_flight.get(offset) if q is not None else None
+        if d is None:
+            return None
+        d.invisible_until = until
+        d.generation = generation
+        d.renew_owner = renew_owner
+        heapq.heappush(self._due, (until, qid, offset, generation))
+        return d
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def lookup(self, handle: str, now: int) -> Delivery | None:
+        """The delivery a receipt handle names, if it is still valid."""
+        parsed = parse_handle(handle)
+        if parsed is None:
+            return None
+        qid, offset, generation = parsed
+        q = self.queues.get(qid)
+        d = q.in_flight.get(offset) if q is not None else None
+        if d is None or d.generation != generation or d.invisible_until <= now:
+            return None
+        return d
+
+    def pop_due(self, now: int) -> Delivery | None:
+        """The next delivery whose deadline has passed, removed from the due heap."""
+        due = self._due
+        while due and due[0][0] <= now:
+            until, qid, offset, generation = heapq.heappop(due)
+            q = self.queues.get(qid)
+            d = q.in_flight.get(offset) if q is not None else None
+            if d is not None and d.generation == generation and d.invisible_until == until:
+                return d
+        return None
+
+    def next_due(self) -> int | None:
+        """Earliest deadline among in-flight deliveries (may be a stale entry: only a hint)."""
+        due = self._due
+        while due:
+            until, qid, offset, generation = due[0]
+            q = self.queues.get(qid)
+            d = q.in_flight.get(offset) if q is not None else None
+            if d is not None and d.generation == generation and d.invisible_until == until:
+                return until
+            heapq.heappop(due)
+        return None
+
+    def in_flight_count(self) -> int:
+        return sum(len(q.in_flight) for q in self.queues.values())

@@ -1,0 +1,123 @@
+"""`tidemq serve`, `tidemq topic ...` and `tidemq group ...`.
+
+Admin commands reach a running broker with `--server HOST:PORT` (its tidemq.Admin service) or,
+with `--store DIR`, a stopped broker's store directly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import contextmanager
+
+DEFAULT_SERVER = "127.0.0.1:8081"
+
+
+def register(commands) -> None:
+    from .server import add_serve_arguments, run
+
+    p = commands.add_parser("serve", help="run the broker (RocketMQ 5 gRPC endpoint)")
+    add_serve_arguments(p)
+    p.set_defaults(func=run)
+
+    topic = commands.add_parser("topic", help="create and list topics")
+    sub = topic.add_subparsers(dest="topic_command", required=True)
+    p = sub.add_parser("create", help="create a topic (or add queues to one)")
+    p.add_argument("name")
+    p.add_argument("--queues", type=int, default=8)
+    p.add_argument("--type", default="NORMAL", choices=["NORMAL", "FIFO", "DELAY", "TRANSACTION", "PRIORITY", "LITE"])
+    _target(p)
+    p.set_defaults(func=_topic_create)
+    p = sub.add_parser("list", help="topics with their queues' min and max offsets")
+    _target(p)
+    p.set_defaults(func=_topic_list)
+
+    group = commands.add_parser("group", help="create and list consumer groups")
+    sub = group.add_subparsers(dest="group_command", required=True)
+    p = sub.add_parser("create", help="create a consumer group (or change its retry policy)")
+    p.add_argument("name")
+    p.add_argument("--max-attempts", type=int, default=None, help="deliveries before the dead-letter queue (default 17)")
+    p.add_argument("--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries")
+    _target(p)
+    p.set_defaults(func=_group_create)
+    p = sub.add_parser("list", help="groups with, per queue, the consumed offset and the backlog")
+    _target(p)
+    p.set_defaults(func=_group_list)
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=None, help=f"a running broker's HOST:PORT (default {DEFAULT_SERVER})")
+    p.add_argument("--store", default=None, help="a stopped broker's store directory")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _call(args: argparse.Namespace, method: str, **arguments):
+    from .broker import Broker, admin
+
+    if args.store is None:
+        from .protocol.grpc import admin_call
+
+        return admin_call(args.server or DEFAULT_SERVER, method, **arguments)
+    functions = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
+                 "CreateGroup": admin.create_group, "ListGroups": admin.list_groups}
+    with _offline_broker(args.store) as broker:
+        return functions[method](broker, **arguments)
+
+
+@contextmanager
+def _offline_broker(directory: str):
+    from .broker import Broker
+    from .store import MessageStore
+
+    store = MessageStore(directory)
+    try:
+        broker = Broker(store)
+        try:
+            yield broker
+        finally:
+            broker.journal.close()
+    finally:
+        store.close()
+
+
+def _print(args, value, lines) -> int:
+    if args.json:
+        print(json.dumps(value, indent=1))
+    else:
+        for line in lines:
+            print(line)
+    return 0
+
+
+def _topic_create(args) -> int:
+    t = _call(args, "CreateTopic", name=args.name, queue_nums=args.queues, message_type=args.type)
+    return _print(args, t, [f"topic {t['name']}: {t['queue_nums']} queues, {t['message_type']}"])
+
+
+def _topic_list(args) -> int:
+    topics = _call(args, "ListTopics")
+    lines = []
+    for t in topics:
+        total = sum(q["max_offset"] - q["min_offset"] for q in t["queues"])
+        lines.append(f"{t['name']}  {t['message_type']}  {t['queue_nums']} queues  {total} messages")
+        for q in t["queues"]:
+            lines.append(f"  {t['name']}/{q['queue_id']}  min {q['min_offset']}  max {q['max_offset']}")
+    return _print(args, topics, lines)
+
+
+def _group_create(args) -> int:
+    backoff = [int(x) for x in args.retry_backoff_ms.split(",")] if args.retry_backoff_ms else None
+    g = _call(args, "CreateGroup", name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff)
+    return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms"])
+
+
+def _group_list(args) -> int:
+    groups = _call(args, "ListGroups")
+    lines = []
+    for g in groups:
+        lines.append(f"{g['name']}  max attempts {g['max_attempts']}")
+        for t in g["topics"]:
+            lines.append(f"  {t['topic']}  backlog {t['backlog']}")
+            for q in t["queues"]:
+                lines.append(f"    {t['topic']}/{q['queue_id']}  consumed {q['consumed_offset']}  max {q['max_offset']}"
+                             f"  backlog {q['backlog']}  in flight {q['in_flight']}")
+    return _print(args, groups, lines)

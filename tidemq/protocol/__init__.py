@@ -1,0 +1,1 @@
+"""Network protocols over the broker."""

@@ -1,0 +1,7 @@
+"""apache.rocketmq.v2 gRPC endpoint: a thin adapter from protobuf to broker calls, plus tidemq's
+JSON admin service on the same port."""
+
+from .admin_service import admin_call, admin_handler
+from .messaging_service import MessagingService
+
+__all__ = ["MessagingService", "admin_call", "admin_handler"]

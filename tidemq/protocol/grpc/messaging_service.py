@@ -1,0 +1,245 @@
+"""apache.rocketmq.v2.MessagingService over the broker: decode the request, call the broker,
+encode the answer.  Business errors travel in `response.status` with the gRPC status OK, as the
+Java proxy does; every response carries a status."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from ...broker import Broker, BrokerError, Code, ReceiveRequest, validation
+from . import convert
+
+log = logging.getLogger(__name__)
+
+CLIENT_ID_HEADER = "x-mq-client-id"
+POLL_MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
+
+
+def _client_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID_HEADER:
+            return value
+    return ""
+
+
+def _peer_host(context: grpc.aio.ServicerContext) -> str:
+    peer = context.peer() or ""  # "ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412"
+    _, _, rest = peer.partition(":")
+    host, _, _ = rest.rpartition(":")
+    return host.strip("[]") or "127.0.0.1"
+
+
+def unary(response_type):
+    """Run a unary handler; a BrokerError (or a missing client id) becomes the response's status,
+    anything else is logged and answered with INTERNAL_ERROR."""
+
+    def decorate(handler):
+        @functools.wraps(handler)
+        async def wrapper(self, request, context):
+            try:
+                if not _client_id(context):
+                    raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+                return await handler(self, request, context)
+            except BrokerError as exc:
+                return response_type(status=convert.status(exc.code, exc.message))
+            except Exception:
+                log.exception("%s failed", handler.__name__)
+                return response_type(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
+
+        return wrapper
+
+    return decorate
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.closing = asyncio.Event()  # set at shutdown: telemetry streams end
+
+    def _advertised(self, requested: pb.Endpoints, context) -> pb.Endpoints:
+        address = self.broker.config.advertised_address
+        if address:
+            return convert.endpoints(address)
+        if requested.addresses:
+            return requested
+        return convert.endpoints(self.listen_address)
+
+    listen_address = "127.0.0.1:8081"
+
+    @unary(svc.QueryRouteResponse)
+    async def QueryRoute(self, request, context):
+        topic = self.broker.route(request.topic.name)
+        where = self._advertised(request.endpoints, context)
+        queues = convert.message_queues(topic, request.topic.resource_namespace, self.broker.config.broker_name, where)
+        return svc.QueryRouteResponse(status=convert.OK, message_queues=queues)
+
+    @unary(svc.HeartbeatResponse)
+    async def Heartbeat(self, request, context):
+        client_type = convert.CLIENT_TYPE_NAMES.get(request.client_type, "")
+        self.broker.heartbeat(_client_id(context), client_type, request.group.name)
+        return svc.HeartbeatResponse(status=convert.OK)
+
+    @unary(svc.SendMessageResponse)
+    async def SendMessage(self, request, context):
+        if not request.messages:
+            raise BrokerError(Code.BAD_REQUEST, "no message to send")
+        peer = _peer_host(context)
+        entries = []
+        for message in request.messages:
+            try:
+                result = await self.broker.send(convert.publish_from(message), peer)
+                entries.append(svc.SendResultEntry(status=convert.OK, message_id=result.message_id,
+                                                   offset=result.queue_offset))
+            except BrokerError as exc:
+                entries.append(svc.SendResultEntry(status=convert.status(exc.code, exc.message),
+                                                   message_id=message.system_properties.message_id))
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS)
+        return svc.SendMessageResponse(status=top, entries=entries)
+
+    @unary(svc.QueryAssignmentResponse)
+    async def QueryAssignment(self, request, context):
+        broker = self.broker
+        topic = broker.route(request.topic.name)
+        validation.check_group_name(request.group.name, broker.config)
+        broker.group(request.group.name)
+        if topic.perm & 4 == 0:
+            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
+        where = self._advertised(request.endpoints, context)
+        queues = convert.message_queues(topic, request.topic.resource_namespace, broker.config.broker_name, where, [-1])
+        return svc.QueryAssignmentResponse(status=convert.OK, assignments=[pb.Assignment(message_queue=q) for q in queues])
+
+    async def ReceiveMessage(self, request, context):
+        client_id = _client_id(context)
+        try:
+            if not client_id:
+                raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+            poll_ms = request.long_polling_timeout.ToMilliseconds() if request.HasField("long_polling_timeout") else 0
+            remaining = context.time_remaining()
+            if remaining is not None and poll_ms > 0:
+                poll_ms = max(0, min(poll_ms, int((remaining - POLL_MARGIN_S) * 1000)))
+            req = ReceiveRequest(
+                group=request.group.name,
+                topic=request.message_queue.topic.name,
+                client_id=client_id,
+                filter_type=convert.FILTER_TYPE_NAMES.get(request.filter_expression.type, "?"),
+                filter_expression=request.filter_expression.expression or "*",
+                batch_size=request.batch_size,
+                invisible_ms=request.invisible_duration.ToMilliseconds(),
+                auto_renew=request.auto_renew,
+                poll_ms=poll_ms,
+            )
+            received = await self.broker.receive(req)
+        except BrokerError as exc:
+            yield svc.ReceiveMessageResponse(status=convert.status(exc.code, exc.message))
+            return
+        except Exception:
+            log.exception("ReceiveMessage failed")
+            yield svc.ReceiveMessageResponse(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
+            return
+        namespace = request.group.resource_namespace
+        now = self.broker.clock()
+        if not received:
+            yield svc.ReceiveMessageResponse(status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message"))
+        else:
+            yield svc.ReceiveMessageResponse(status=convert.OK)
+            for r in received:
+                message = convert.delivered_message(r.record, namespace, r.receipt_handle, r.delivery_attempt,
+                                                    r.invisible_until - now)
+                yield svc.ReceiveMessageResponse(message=message)
+        done = svc.ReceiveMessageResponse()
+        done.delivery_timestamp.FromMilliseconds(self.broker.clock())
+        yield done
+
+    @unary(svc.AckMessageResponse)
+    async def AckMessage(self, request, context):
+        entries = []
+        for entry in request.entries:
+            try:
+                self.broker.ack(request.group.name, request.topic.name, entry.receipt_handle)
+                result_status = convert.OK
+            except BrokerError as exc:
+                result_status = convert.status(exc.code, exc.message)
+            entries.append(svc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                                     status=result_status))
+        if not entries:
+            raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
+        codes = {e.status.code for e in entries}
+        top = entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS)
+        return svc.AckMessageResponse(status=top, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request, context):
+        handle = request.receipt_handle
+        try:
+            if not _client_id(context):
+                raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+            handle = self.broker.change_invisible(request.group.name, request.topic.name, request.receipt_handle,
+                                                  request.invisible_duration.ToMilliseconds())
+            result_status = convert.OK
+        except BrokerError as exc:
+            result_status = convert.status(exc.code, exc.message)
+        except Exception:
+            log.exception("ChangeInvisibleDuration failed")
+            result_status = convert.status(Code.INTERNAL_ERROR, "internal error")
+        return svc.ChangeInvisibleDurationResponse(status=result_status, receipt_handle=handle)
+
+    @unary(svc.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        await self.broker.forward_to_dead_letter(request.group.name, request.topic.name, request.receipt_handle)
+        return svc.ForwardMessageToDeadLetterQueueResponse(status=convert.OK)
+
+    @unary(svc.NotifyClientTerminationResponse)
+    async def NotifyClientTermination(self, request, context):
+        self.broker.client_terminated(_client_id(context))
+        return svc.NotifyClientTerminationResponse(status=convert.OK)
+
+    async def Telemetry(self, request_iterator, context):
+        client_id = _client_id(context)
+        self.broker.telemetry_opened(client_id)
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            while True:
+                read = asyncio.ensure_future(context.read())
+                await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():  # shutting down: end the stream, the client reconnects elsewhere
+                    read.cancel()
+                    return
+                command = read.result()
+                if command is grpc.aio.EOF:
+                    return
+                if command.HasField("settings"):
+                    await context.write(self._settings_reply(client_id, command.settings))
+        finally:
+            closing.cancel()
+            self.broker.telemetry_closed(client_id)
+
+    def _settings_reply(self, client_id: str, settings: pb.Settings) -> svc.TelemetryCommand:
+        try:
+            if not client_id:
+                raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+            client_type = convert.CLIENT_TYPE_NAMES.get(settings.client_type, "")
+            group = settings.subscription.group.name if settings.HasField("subscription") else ""
+            if settings.HasField("publishing"):
+                topics = [t.name for t in settings.publishing.topics]
+            else:
+                topics = [s.topic.name for s in settings.subscription.subscriptions]
+            server = self.broker.client_settings(client_id, client_type, group, topics)
+            return svc.TelemetryCommand(status=convert.OK, settings=convert.server_settings(settings, server))
+        except BrokerError as exc:
+            return svc.TelemetryCommand(status=convert.status(exc.code, exc.message))
+
+    async def EndTransaction(self, request, context):
+        return svc.EndTransactionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "transactions are not supported yet"))
+
+    async def RecallMessage(self, request, context):
+        return svc.RecallMessageResponse(status=convert.status(Code.NOT_IMPLEMENTED, "recalling delay messages is not supported yet"))
+
+    async def SyncLiteSubscription(self, request, context):
+        return svc.SyncLiteSubscriptionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "lite topics are not supported yet"))
