@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = store_commands.add_parser("repair", help="open with repair: cut the log at a corrupt record, rebuild indexes")
     p.add_argument("dir")
     p.set_defaults(func=_store_repair)
+    from .broker_cli import register as register_broker_commands
+
+    register_broker_commands(commands)
     return parser
 
 
@@ -72,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Exception as exc:  # the command's user gets one line, not a traceback
+        from .broker import BrokerError
         from .store import StoreError
 
+        if isinstance(exc, BrokerError):
+            print(f"tidemq: {exc.code.name}: {exc.message}", file=sys.stderr)
+            return 2
         if isinstance(exc, (StoreError, FileNotFoundError, ValueError)):
             print(f"tidemq: {exc}", file=sys.stderr)
             return 2
