@@ -1,0 +1,51 @@
+"""Commit logs for the pipeline tests, written through the real store."""
+
+from __future__ import annotations
+
+from tidemq.store import Message, MessageStore, StoreConfig, record
+
+SEGMENT_SIZE = 64 * 1024
+UNITS_PER_FILE = 100
+LONG_TOPIC = "v2-" + "t" * 140  # over 127 characters: written as v2 records
+
+
+def store_config() -> StoreConfig:
+    return StoreConfig(segment_size=SEGMENT_SIZE, consume_queue_units=UNITS_PER_FILE)
+
+
+def sample_messages(count: int, seed: int = 0) -> list[Message]:
+    """Many topics and queues, v1 and v2 records, transactions, IPv6 hosts, no-tag messages."""
+    topics = ["orders", "payments", "audit", "ünïcode-topic", LONG_TOPIC, "%RETRY%group-a"]
+    out = []
+    for i in range(count):
+        n = i + seed
+        topic = topics[n % len(topics)]
+        sysflag = 0
+        if n % 17 == 0:
+            sysflag = record.TRANSACTION_PREPARED
+        elif n % 19 == 0:
+            sysflag = record.TRANSACTION_ROLLBACK
+        elif n % 23 == 0:
+            sysflag = record.TRANSACTION_COMMIT
+        out.append(
+            Message(
+                topic=topic,
+                body=bytes((n * 7 + j) % 256 for j in range(n % 300)),
+                queue_id=(n // len(topics)) % (3 if topic != "audit" else 1),
+                tags=None if n % 5 == 0 else f"tag-{n % 7}",
+                keys=[f"key-{n}", f"order-{n % 11}"] if n % 3 else None,
+                properties={"trace": f"t{n}"} if n % 4 == 0 else {},
+                sysflag=sysflag,
+                born_host=("::1", 4000 + n % 10) if n % 13 == 0 else ("10.0.0.7", 5000),
+                reconsume_times=n % 3,
+            )
+        )
+    return out
+
+
+def write_store(directory, messages: list[Message]):
+    """Write `messages` through the real store (its dispatcher builds the consume queues)."""
+    with MessageStore(directory, store_config()) as store:
+        results = [store.put(m) for m in messages]
+        assert store.wait_dispatched()
+    return results

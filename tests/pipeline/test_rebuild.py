@@ -1,0 +1,96 @@
+"""`rebuild` against the store's own dispatcher, byte for byte."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tidemq.pipeline.rebuild import rebuild
+from tidemq.store import MessageStore, StoreLockedError
+from tidemq.store.consume_queue import BLANK_UNIT
+
+from pipeline_logs import LONG_TOPIC, UNITS_PER_FILE, sample_messages, store_config, write_store
+
+
+def queue_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_files(expected_root: Path, actual_root: Path) -> None:
+    expected, actual = queue_files(expected_root), queue_files(actual_root)
+    assert sorted(actual) == sorted(expected)
+    for name in expected:
+        assert actual[name] == expected[name], f"{name} differs"
+
+
+def test_rebuild_equals_the_dispatchers_files(spark, written_store, tmp_path):
+    store, messages, _ = written_store
+    segments = sorted((store / "commitlog").iterdir())
+    assert len(segments) >= 4
+    expected = queue_files(store / "consumequeue")
+    assert any(LONG_TOPIC in name for name in expected)  # v2 records were indexed
+    assert any(name.endswith(f"{UNITS_PER_FILE * 20:020d}") for name in expected)  # queues of several files
+
+    report = rebuild(spark, store, tmp_path / "cq", units_per_file=UNITS_PER_FILE, partition_size=48 * 1024)
+
+    assert_same_files(store / "consumequeue", tmp_path / "cq")
+    indexed = sum(1 for m in messages if m.sysflag & 0xC in (0, 8))
+    assert report.entries == indexed
+    assert not report.messages
+
+
+def test_rebuild_of_a_log_whose_oldest_segments_are_gone(spark, tmp_path):
+    # queues whose first entry is not slot 0 start with blank units, as the dispatcher pads them
+    store = tmp_path / "broker-b"
+    write_store(store, sample_messages(900, seed=3))
+    for segment in sorted((store / "commitlog").iterdir())[:2]:
+        segment.unlink()
+    shutil.rmtree(store / "consumequeue")
+    with MessageStore(store, store_config()) as reopened:  # recovery re-dispatches what is left
+        assert reopened.wait_dispatched()
+    padded = [p for p in (store / "consumequeue").rglob("*") if p.is_file() and p.read_bytes()[:20] == BLANK_UNIT]
+    assert padded  # some queue now starts past slot 0
+
+    rebuild(spark, store, tmp_path / "cq", units_per_file=UNITS_PER_FILE, partition_size=32 * 1024)
+
+    assert_same_files(store / "consumequeue", tmp_path / "cq")
+
+
+def test_rebuild_in_place_replaces_damaged_and_missing_queues(spark, tmp_path):
+    store = tmp_path / "broker-c"
+    write_store(store, sample_messages(600, seed=5))
+    pristine = queue_files(store / "consumequeue")
+    root = store / "consumequeue"
+    shutil.rmtree(root / "orders")  # missing
+    damaged = next(p for p in sorted(root.rglob("*")) if p.is_file())
+    data = bytearray(damaged.read_bytes())
+    data[40:60] = b"\xff" * 20
+    damaged.write_bytes(bytes(data))
+    (root / "stray").mkdir()
+
+    report = rebuild(spark, store, in_place=True, partition_size=64 * 1024)
+
+    assert queue_files(root) == pristine
+    assert report.out == str(root)
+    assert not (store / "consumequeue.rebuild").exists() and not (store / "consumequeue.old").exists()
+    with MessageStore(store, store_config()) as reopened:
+        got = reopened.get("orders", 0, offset=0, max_count=5)
+        assert [m.queue_offset for m in got.messages] == [0, 1, 2, 3, 4]
+
+
+def test_rebuild_in_place_refuses_a_store_in_use(spark, tmp_path):
+    store = tmp_path / "broker-d"
+    write_store(store, sample_messages(50))
+    fd = os.open(store / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = queue_files(store / "consumequeue")
+        with pytest.raises(StoreLockedError, match="stop its broker"):
+            rebuild(spark, store, in_place=True)
+        assert queue_files(store / "consumequeue") == before
+    finally:
+        os.close(fd)

@@ -1,0 +1,337 @@
+"""Rebuild a store's ConsumeQueue files from its CommitLog on Spark.
+
+    read (topic, queue id, queue offset, commit-log offset, size, tags code, sysflag)
+    -> drop PREPARED / ROLLBACK transaction records (they get no queue entry)
+    -> repartition by queue, sort each queue's entries into commit-log order
+    -> each task writes its queues' files (`tidemq-consumequeue`, an Arrow data sink)
+
+The files are byte-identical to what the store's dispatcher builds (`tidemq.store.consume_queue`):
+20-byte units `>qiq`, files of `units_per_file` units named by their 20-digit byte offset and
+preallocated full-size, and a queue whose first entry is not slot 0 starts at the file holding it,
+with blank units (0, 0x7FFFFFFF, 0) below the entry.  `QueueFilesWriter` replays the dispatcher's
+rule for every entry — write the slot unless it is below the queue's commit frontier — so even an
+odd log (a queue offset repeated or skipped) gives the same bytes.
+
+Tasks write the files themselves, so on a cluster `out` must be a filesystem every executor sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from ..store import record
+from ..store.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
+from ..store.errors import StoreLockedError
+from . import plan as planning
+from .source import SOURCE_NAME, CorruptLogError
+
+log = logging.getLogger(__name__)
+
+UNIT_COLUMNS = "topic,queue_id,queue_offset,commit_log_offset,size,tags_code,sysflag"
+SINK_NAME = "tidemq-consumequeue"
+
+
+class QueueFilesWriter:
+    """One queue's files, written as the dispatcher would from its entries in commit-log order.
+
+    Files wholly below the commit frontier can no longer change and are written out at once, so
+    memory holds about one file per queue being written."""
+
+    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.directory = Path(root) / topic / str(queue_id)
+        self.topic, self.queue_id = topic, queue_id
+        self.units_per_file = units_per_file
+        self.file_bytes = units_per_file * UNIT_SIZE
+        self.buffers: dict[int, bytearray] = {}  # first slot of a file -> its bytes, not yet written
+        self.next_file: int | None = None  # first slot of the next file to create
+        self.min_offset = 0
+        self.frontier = 0
+        self.pending: set[int] = set()
+        self.entries = 0
+        self.files = 0
+        self.max_physical_offset = 0
+
+    def _start(self, first_offset: int) -> None:
+        start = first_offset - first_offset % self.units_per_file
+        self.directory.mkdir(parents=True, exist_ok=True)
+        buf = self.buffers[start] = bytearray(self.file_bytes)
+        count = first_offset - start
+        buf[: count * UNIT_SIZE] = BLANK_UNIT * count
+        self.next_file = start + self.units_per_file
+        self.min_offset = self.frontier = first_offset
+
+    def _buffer_for(self, slot: int) -> tuple[int, bytearray]:
+        start = slot - slot % self.units_per_file
+        while self.next_file <= start:
+            self.buffers[self.next_file] = bytearray(self.file_bytes)
+            self.next_file += self.units_per_file
+        return start, self.buffers[start]
+
+    def add(self, queue_offsets: np.ndarray, units: np.ndarray) -> None:
+        """Entries in commit-log order: queue offsets and their (offset, size, tags code) units."""
+        if not len(units):
+            return
+        if self.next_file is None:
+            self._start(int(queue_offsets[0]))
+        n = len(units)
+        first = int(queue_offsets[0])
+        if not self.pending and first == self.frontier and int(queue_offsets[-1]) == first + n - 1 and (
+            n == 1 or bool(np.all(np.diff(queue_offsets) == 1))
+        ):
+            self._put_run(first, units)
+        else:
+            for q, unit in zip(queue_offsets.tolist(), units):
+                self._put_one(q, unit)
+        self.max_physical_offset = max(self.max_physical_offset, int(np.max(units["offset"] + units["size"])))
+        self._write_settled()
+
+    def _put_run(self, first: int, units: np.ndarray) -> None:
+        done = 0
+        while done < len(units):
+            slot = first + done
+            start, buf = self._buffer_for(slot)
+            take = min(len(units) - done, start + self.units_per_file - slot)
+            pos = (slot - start) * UNIT_SIZE
+            buf[pos : pos + take * UNIT_SIZE] = units[done : done + take].tobytes()
+            done += take
+        self.frontier = first + len(units)
+        self.entries += len(units)
+
+    def _put_one(self, q: int, unit: np.void) -> None:
+        if q < self.frontier:
+            return  # the dispatcher skips a slot below the frontier
+        start, buf = self._buffer_for(q)
+        pos = (q - start) * UNIT_SIZE
+        buf[pos : pos + UNIT_SIZE] = unit.tobytes()
+        self.entries += 1
+        if q == self.frontier:
+            frontier = q + 1
+            while frontier in self.pending:
+                self.pending.remove(frontier)
+                frontier += 1
+            self.frontier = frontier
+        else:
+            self.pending.add(q)
+
+    def _write_settled(self) -> None:
+        for start in sorted(self.buffers):
+            if start + self.units_per_file > self.frontier:
+                break
+            self._write(start, self.buffers.pop(start))
+
+    def _write(self, start: int, buf: bytearray) -> None:
+        (self.directory / file_name(start * UNIT_SIZE)).write_bytes(buf)
+        self.files += 1
+
+    def close(self) -> tuple:
+        for start in sorted(self.buffers):
+            self._write(start, self.buffers.pop(start))
+        return (self.topic, self.queue_id, self.entries, self.files, self.min_offset, self.frontier, self.max_physical_offset)
+
+
+def _units(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    units = np.empty(batch.num_rows, dtype=UNIT_DTYPE)
+    units["offset"] = batch.column("commit_log_offset").to_numpy()
+    units["size"] = batch.column("size").to_numpy()
+    units["tags_code"] = batch.column("tags_code").to_numpy()
+    return batch.column("queue_offset").to_numpy(), units
+
+
+def write_queue_files(batches: Iterator[pa.RecordBatch], root: str, units_per_file: int) -> list[tuple]:
+    """The rows of one partition, sorted by queue then commit-log offset, become that partition's
+    queues' files; returns one summary per queue."""
+    writer: QueueFilesWriter | None = None
+    summaries: list[tuple] = []
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        topics = batch.column("topic").to_pylist()
+        queue_ids = batch.column("queue_id").to_numpy()
+        queue_offsets, units = _units(batch)
+        keys = list(zip(topics, queue_ids.tolist()))
+        cuts = [0] + [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
+        for lo, hi in zip(cuts, cuts[1:]):  # runs of one queue within the batch
+            topic, queue_id = keys[lo]
+            if writer is None or (writer.topic, writer.queue_id) != (topic, queue_id):
+                if writer is not None:
+                    summaries.append(writer.close())
+                writer = QueueFilesWriter(Path(root), topic, queue_id, units_per_file)
+            writer.add(queue_offsets[lo:hi], units[lo:hi])
+    if writer is not None:
+        summaries.append(writer.close())
+    return summaries
+
+
+@dataclass
+class QueueSummaries(WriterCommitMessage):
+    rows: list[tuple]
+
+
+class ConsumeQueueSink(DataSource):
+    """`tidemq-consumequeue`: a write-only source that turns sorted queue entries into files.
+    Options: path (the consumequeue root), unitsPerFile, summaryFile (where the driver-side commit
+    leaves the per-queue summaries as JSON)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def writer(self, schema, overwrite: bool) -> "ConsumeQueueWriter":
+        return ConsumeQueueWriter(self.options["path"], int(self.options["unitsPerFile"]), self.options.get("summaryFile"))
+
+
+class ConsumeQueueWriter(DataSourceArrowWriter):
+    def __init__(self, root: str, units_per_file: int, summary_file: str | None) -> None:
+        self.root, self.units_per_file, self.summary_file = root, units_per_file, summary_file
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> QueueSummaries:
+        return QueueSummaries(write_queue_files(iterator, self.root, self.units_per_file))
+
+    def commit(self, messages: list) -> None:
+        if self.summary_file:
+            rows = sorted(tuple(r) for m in messages if m is not None for r in m.rows)
+            Path(self.summary_file).write_text(json.dumps(rows))
+
+
+@dataclass
+class RebuildReport:
+    out: str
+    queues: list[tuple] = field(default_factory=list)  # summary rows, sorted by topic and queue
+    entries: int = 0
+    commit_log_bytes: int = 0
+    messages: list[str] = field(default_factory=list)
+
+
+def units_per_file_of(store: Path) -> int | None:
+    """The units per file of a store's existing consume-queue files (they keep their size)."""
+    root = store / "consumequeue"
+    if not root.is_dir():
+        return None
+    for path in root.glob("*/*/*"):
+        if path.name.isdigit() and len(path.name) == 20 and path.stat().st_size >= UNIT_SIZE:
+            return path.stat().st_size // UNIT_SIZE
+    return None
+
+
+@contextlib.contextmanager
+def stopped_store(store: Path):
+    """Hold the store's lock for the duration: refuse if a broker (or anyone) holds it."""
+    path = store / "lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise StoreLockedError(
+                f"store {store} is in use (pid {holder}): stop its broker before rebuilding its indexes in place"
+            ) from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def task_errors():
+    """A CorruptLogError raised in a Spark task arrives wrapped in Java exceptions: unwrap it."""
+    try:
+        yield
+    except CorruptLogError:
+        raise
+    except Exception as exc:
+        match = re.search(r"CorruptLogError: (.*)", str(exc))
+        if match:
+            raise CorruptLogError(match.group(1).strip()) from None
+        raise
+
+
+def report_tail(store: Path, messages: list[str]) -> None:
+    for commit_log in planning.resolve([str(store)]):
+        bad = planning.tail_damage(commit_log)
+        if bad is not None:
+            msg = (
+                f"torn tail at commit-log offset {bad.offset} ({bad.reason}): "
+                f"read up to the last valid record, which ends there"
+            )
+            log.warning("broker %s: %s", commit_log.broker, msg)
+            messages.append(msg)
+
+
+def rebuild(
+    spark,
+    store: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    in_place: bool = False,
+    units_per_file: int | None = None,
+    partition_size: int | str | None = None,
+    queue_partitions: int | None = None,
+) -> RebuildReport:
+    """Build the ConsumeQueue files of `store` under `out` (a directory that becomes a
+    `consumequeue` root), or with `in_place` replace the stopped store's own."""
+    store = Path(store)
+    if in_place == (out is not None):
+        raise ValueError("rebuild needs exactly one of an output directory or in_place")
+    if not (store / "commitlog").is_dir():
+        raise FileNotFoundError(f"{store}: no commitlog directory")
+    units_per_file = units_per_file or units_per_file_of(store) or DEFAULT_UNITS_PER_FILE
+    lock = stopped_store(store) if in_place else contextlib.nullcontext()
+    with lock:
+        target = store / "consumequeue.rebuild" if in_place else Path(out)
+        if in_place and target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True, exist_ok=True)
+        report = RebuildReport(out=str(store / "consumequeue" if in_place else target))
+        report_tail(store, report.messages)
+        reader = spark.read.format(SOURCE_NAME).option("columns", UNIT_COLUMNS).option("checkCRC", "true")
+        if partition_size is not None:
+            reader = reader.option("partitionSize", str(partition_size))
+        df = reader.load(str(store))
+        mask = record.TRANSACTION_TYPE_MASK
+        df = df.where(((df.sysflag.bitwiseAND(mask)) == record.TRANSACTION_NOT) | ((df.sysflag.bitwiseAND(mask)) == record.TRANSACTION_COMMIT))
+        df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
+        df = df.sortWithinPartitions("topic", "queue_id", "commit_log_offset")
+        summary = target.parent / f".{target.name}.summary-{os.getpid()}.json"
+        spark.dataSource.register(ConsumeQueueSink)
+        try:
+            with task_errors():
+                (
+                    df.write.format(SINK_NAME)
+                    .mode("append")
+                    .option("unitsPerFile", str(units_per_file))
+                    .option("summaryFile", str(summary.resolve()))
+                    .save(str(target.resolve()))
+                )
+            report.queues = [tuple(r) for r in json.loads(summary.read_text())]
+        finally:
+            summary.unlink(missing_ok=True)
+        report.entries = sum(r[2] for r in report.queues)
+        if in_place:
+            _swap_in(store, target)
+    return report
+
+
+def _swap_in(store: Path, built: Path) -> None:
+    live = store / "consumequeue"
+    old = store / "consumequeue.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if live.exists():
+        live.rename(old)
+    built.rename(live)
+    if old.exists():
+        shutil.rmtree(old)
+    log.info("rebuild: replaced %s with the rebuilt consume queues", live)
