@@ -113,6 +113,8 @@ class ConsumeQueue:
         self.min_offset = self._files[0].start
         frontier = self._files[0].start
         for qf in self._files:
+            if qf.start != frontier:
+                break  # a missing file: what follows is unreachable until rebuilt
             units = np.frombuffer(qf.mm, dtype=UNIT_DTYPE)
             bad = (units["offset"] < 0) | (units["size"] <= 0)
             count = int(np.argmax(bad)) if bad.any() else len(units)

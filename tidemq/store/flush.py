@@ -1,10 +1,12 @@
 """Flush policies: when appended bytes become durable.
 
 - async: a background thread flushes every `flush_interval_ms`; a put returns once written.
-- sync (group commit): a put waits until an fsync covers its bytes.  Putters that arrive while
-  an fsync is running share the next one, so N concurrent putters cost far fewer than N fsyncs.
+- sync (group commit): a put waits until an fsync covers its bytes.  The flusher starts an
+  fsync once every put in progress has appended and is waiting (or `gather_ms` has passed since
+  the first waiter), so N concurrent putters share one fsync instead of paying for N; a lone
+  putter is flushed at once.
 
-Ownership: `GroupCommit._cond` guards `requested` and `flushed`; only the flusher thread calls
+Ownership: `GroupCommit._cond` guards `requested`, `flushed`, `active` and `waiting`; only the flusher thread calls
 `CommitLog.flush`, and it reads `write_position` without the append lock (a stale value only
 flushes less, and the requester waits for the next round).
 """
@@ -22,67 +24,139 @@ from .errors import FlushTimeoutError
 log = logging.getLogger(__name__)
 
 
+DurableCallback = Callable[[object, BaseException | None], None]
+
+
 class GroupCommit:
-    def __init__(self, commit_log: CommitLog, on_flushed: Callable[[int], None], timeout_ms: int = 5000) -> None:
+    """The sync-flush service.  Two ways to wait for durability:
+
+    - `wait_for(end)`: the calling thread blocks (bracketed by `begin()`/`end()`, so the flusher
+      knows how many putters are still appending);
+    - `register(end, callback, token)`: returns at once; the flusher thread later calls
+      `callback(token, None)`, or `callback(token, FlushTimeoutError)` — one wake-up per fsync
+      for any number of waiters, which is what an asyncio caller wants.
+    """
+
+    def __init__(
+        self, commit_log: CommitLog, on_flushed: Callable[[int], None], timeout_ms: int = 5000, gather_ms: float = 2.0
+    ) -> None:
         self.commit_log = commit_log
         self.on_flushed = on_flushed
         self.timeout = timeout_ms / 1000.0
-        self._cond = threading.Condition()
+        self.gather = gather_ms / 1000.0
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # blocked putters sleep here; the flusher wakes them
+        self._work = threading.Condition(lock)  # the flusher sleeps here; putters wake it
+        self.active = 0  # blocking puts between begin() and end()
+        self.waiting = 0  # of those, how many have appended and wait for the fsync
         self.requested = commit_log.flushed_position
         self.flushed = commit_log.flushed_position
+        self._callbacks: list[tuple[int, float, DurableCallback, object]] = []
         self.fsyncs = 0
         self.error: BaseException | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tidemq-group-commit", daemon=True)
         self._thread.start()
 
+    def begin(self) -> None:
+        """A blocking put has started: the flusher waits for it to append before the next fsync."""
+        with self._cond:
+            self.active += 1
+
+    def end(self) -> None:
+        with self._cond:
+            self.active -= 1
+            if self.waiting and self.waiting >= self.active:
+                self._work.notify()
+
+    def register(self, end_offset: int, callback: DurableCallback, token: object) -> None:
+        with self._cond:
+            if self.flushed >= end_offset:
+                ready = True
+            else:
+                ready = False
+                self.requested = max(self.requested, end_offset)
+                self._callbacks.append((end_offset, time.monotonic() + self.timeout, callback, token))
+                if len(self._callbacks) == 1:
+                    self._work.notify()
+        if ready:
+            callback(token, None)
+
     def wait_for(self, end_offset: int) -> None:
         """Block until the log is durable up to `end_offset`, or raise FlushTimeoutError."""
         with self._cond:
             if self.flushed >= end_offset:
                 return
-            if end_offset > self.requested:
-                self.requested = end_offset
-                self._cond.notify_all()
-            deadline = time.monotonic() + self.timeout
-            while self.flushed < end_offset:
-                if self.error is not None:
-                    raise FlushTimeoutError(f"flush failed: {self.error}") from self.error
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stopping:
-                    raise FlushTimeoutError(
-                        f"bytes up to offset {end_offset} not flushed within {self.timeout:.1f}s "
-                        f"(flushed up to {self.flushed}); the message is written and may survive"
-                    )
-                self._cond.wait(remaining)
+            self.requested = max(self.requested, end_offset)
+            self.waiting += 1
+            if self.waiting >= self.active or self.waiting == 1:
+                self._work.notify()
+            try:
+                deadline = time.monotonic() + self.timeout
+                while self.flushed < end_offset:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._stopping:
+                        raise self._timeout_error(end_offset)
+                    self._cond.wait(remaining)
+            finally:
+                self.waiting -= 1
+
+    def _timeout_error(self, end_offset: int) -> FlushTimeoutError:
+        cause = f"; last fsync error: {self.error}" if self.error is not None else ""
+        return FlushTimeoutError(
+            f"bytes up to offset {end_offset} not flushed within {self.timeout:.1f}s "
+            f"(flushed up to {self.flushed}){cause}; the message is written and may survive"
+        )
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while self.requested <= self.flushed and not self._stopping:
-                    self._cond.wait()
+                    self._work.wait()
                 if self._stopping and self.requested <= self.flushed:
-                    return
+                    break
+                # gather: let every blocking put in progress append before paying for the fsync
+                deadline = time.monotonic() + self.gather
+                while self.waiting < self.active and not self._stopping:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._work.wait(remaining)
             try:
                 flushed = self.commit_log.flush()
                 self.fsyncs += 1
-            except OSError as exc:  # the environment: report to every waiter
+                error = None
+            except OSError as exc:  # the environment: waiters time out with this as the cause
                 log.error("commit-log fsync failed: %s", exc)
-                with self._cond:
-                    self.error = exc
-                    self._cond.notify_all()
-                time.sleep(0.01)
-                continue
-            self.on_flushed(flushed)
+                flushed, error = self.flushed, exc
             with self._cond:
-                self.error = None
+                self.error = error
                 self.flushed = max(self.flushed, flushed)
                 self._cond.notify_all()
+                done, expired, pending = [], [], []
+                now = time.monotonic()
+                for entry in self._callbacks:
+                    if entry[0] <= self.flushed:
+                        done.append(entry)
+                    elif entry[1] <= now or self._stopping:
+                        expired.append(entry)
+                    else:
+                        pending.append(entry)
+                self._callbacks = pending
+            for end_offset, _, callback, token in done:
+                callback(token, None)
+            for end_offset, _, callback, token in expired:
+                callback(token, self._timeout_error(end_offset))
+            if error is None:
+                self.on_flushed(flushed)
+            else:
+                time.sleep(0.01)
 
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._work.notify_all()
         self._thread.join()
 
 

@@ -16,6 +16,7 @@ Threads and ownership:
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import socket
@@ -32,7 +33,7 @@ from .commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
 from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
 from .errors import CorruptStoreError, InvalidMessageError, StoreClosedError, StoreIOError, StoreLockedError
-from .flush import GroupCommit, PeriodicService
+from .flush import DurableCallback, GroupCommit, PeriodicService
 from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
 
 log = logging.getLogger(__name__)
@@ -86,14 +87,29 @@ class Message:
     prepared_transaction_offset: int = 0
 
 
-@dataclass(slots=True, frozen=True)
 class PutResult:
-    commit_log_offset: int
-    size: int
-    queue_offset: int
-    msg_id: str  # offset message id (store host + commit-log offset)
-    unique_key: str  # UNIQ_KEY: the client-facing message id
-    store_timestamp: int
+    """Where a put landed.  `msg_id` is the offset message id (store host + commit-log offset);
+    `unique_key` (UNIQ_KEY) is the client-facing message id."""
+
+    __slots__ = ("commit_log_offset", "size", "queue_offset", "unique_key", "store_timestamp", "store_host")
+
+    def __init__(self, commit_log_offset, size, queue_offset, unique_key, store_timestamp, store_host) -> None:
+        self.commit_log_offset = commit_log_offset
+        self.size = size
+        self.queue_offset = queue_offset
+        self.unique_key = unique_key
+        self.store_timestamp = store_timestamp
+        self.store_host = store_host
+
+    @property
+    def msg_id(self) -> str:
+        return record.message_id(self.store_host, self.commit_log_offset)
+
+    def __repr__(self) -> str:
+        return (
+            f"PutResult(commit_log_offset={self.commit_log_offset}, size={self.size}, queue_offset={self.queue_offset}, "
+            f"unique_key={self.unique_key!r}, store_timestamp={self.store_timestamp})"
+        )
 
 
 @dataclass(slots=True)
@@ -111,8 +127,8 @@ class DispatchLag:
 
 
 class _UniqueKeys:
-    """UNIQ_KEY for messages that arrive without one: ip(4) + pid(2) + random(4) + seconds
-    since start (4) + counter(2), 32 uppercase hex characters, like RocketMQ's client ids."""
+    """UNIQ_KEY for messages that arrive without one: 32 uppercase hex characters, ip(4) +
+    pid(2) + random(4) + a counter(6) seeded from the clock, like RocketMQ's client ids."""
 
     def __init__(self, host: str) -> None:
         try:
@@ -120,16 +136,18 @@ class _UniqueKeys:
         except OSError:
             ip = b"\x7f\x00\x00\x01"
         self._prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
-        self._start = time.monotonic()
-        self._counter = 0
-        self._lock = threading.Lock()
+        # next() on a count is atomic under the GIL
+        self._counter = itertools.count((time.time_ns() // 1_000_000 << 8) & 0xFFFFFFFFFFFF)
 
     def next(self) -> str:
-        with self._lock:
-            self._counter = (self._counter + 1) & 0xFFFF
-            counter = self._counter
-        seconds = int(time.monotonic() - self._start) & 0xFFFFFFFF
-        return f"{self._prefix}{seconds:08X}{counter:04X}"
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+
+
+class _NoQueue:
+    commit_frontier = 0
+
+
+_NO_QUEUE = _NoQueue()
 
 
 class MessageStore:
@@ -174,6 +192,8 @@ class MessageStore:
         self._queue_offsets: dict[tuple[str, int], int] = {}
         self._unique_keys = _UniqueKeys(cfg.store_host[0])
         self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
+        self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
+        self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues], 0)
         self.recovery = self._recover(abnormal)
         self.abort_path.write_text(str(os.getpid()))
@@ -232,7 +252,8 @@ class MessageStore:
         self.dispatcher.dispatched_offset = redispatch_from
         queues.allow_late_start = redispatch_from <= commit_log.min_offset
         self.dispatcher.dispatch_until(scan.end, notify=False)
-        if queues.has_holes():
+        behind = [key for key, end in scan.queue_ends.items() if (queues.get(*key) or _NO_QUEUE).commit_frontier < end]
+        if queues.has_holes() or behind:
             msg = "consume queues have missing entries (deleted or damaged files); rebuilding them from the whole log"
             log.warning("recovery: %s", msg)
             report.messages.append(msg)
@@ -249,88 +270,120 @@ class MessageStore:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _validate(self, message: Message) -> None:
+    def _invalid(self, message: Message) -> str | None:
+        """Why the store will not take `message`, or None."""
         cfg = self.config
         topic = message.topic
         if not isinstance(topic, str) or not topic:
-            raise InvalidMessageError("topic must be a non-empty string")
-        if len(topic.encode("utf-8")) > cfg.max_topic_bytes:
-            raise InvalidMessageError(f"topic is {len(topic.encode('utf-8'))} bytes, at most {cfg.max_topic_bytes}")
+            return "topic must be a non-empty string"
+        if len(topic) > cfg.max_topic_bytes or len(topic.encode("utf-8")) > cfg.max_topic_bytes:
+            return f"topic is {len(topic.encode('utf-8'))} bytes, at most {cfg.max_topic_bytes}"
         if "/" in topic or "\x00" in topic or topic in (".", ".."):
-            raise InvalidMessageError(f"topic {topic!r} contains '/' or NUL, or is a dot name")
-        if not isinstance(message.queue_id, int) or not 0 <= message.queue_id <= cfg.max_queue_id:
-            raise InvalidMessageError(f"queue id {message.queue_id!r} out of range [0, {cfg.max_queue_id}]")
+            return f"topic {topic!r} contains '/' or NUL, or is a dot name"
+        if type(message.queue_id) is not int or not 0 <= message.queue_id <= cfg.max_queue_id:
+            return f"queue id {message.queue_id!r} out of range [0, {cfg.max_queue_id}]"
         if not isinstance(message.body, (bytes, bytearray, memoryview)):
-            raise InvalidMessageError("body must be bytes")
+            return "body must be bytes"
         if len(message.body) > cfg.max_message_size:
-            raise InvalidMessageError(f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}")
+            return f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}"
+        return None
 
     def _prepare(self, message: Message) -> tuple[record.EncodedMessage, str]:
-        self._validate(message)
-        properties = dict(message.properties)
-        if message.tags is not None:
-            properties[record.PROPERTY_TAGS] = message.tags
-        if message.keys:
-            properties[record.PROPERTY_KEYS] = record.KEY_SEPARATOR.join(message.keys)
-        unique_key = properties.get(record.PROPERTY_UNIQ_KEY)
+        cfg = self.config
+        topic, body, queue_id = message.topic, message.body, message.queue_id
+        if (
+            topic not in self._valid_topics
+            or type(queue_id) is not int
+            or not 0 <= queue_id <= cfg.max_queue_id
+            or type(body) is not bytes
+            or len(body) > cfg.max_message_size
+        ):
+            problem = self._invalid(message)
+            if problem:
+                raise InvalidMessageError(problem)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
+            body = bytes(body)
+        properties = message.properties
+        unique_key = properties.get(record.PROPERTY_UNIQ_KEY) if properties else None
         if not unique_key:
-            unique_key = properties[record.PROPERTY_UNIQ_KEY] = self._unique_keys.next()
+            unique_key = self._unique_keys.next()
+        items = [(record.PROPERTY_UNIQ_KEY, unique_key)]
+        if message.tags is not None:
+            items.append((record.PROPERTY_TAGS, message.tags))
+        if message.keys:
+            items.append((record.PROPERTY_KEYS, record.KEY_SEPARATOR.join(message.keys)))
+        if properties:
+            items.extend(kv for kv in properties.items() if kv[0] != record.PROPERTY_UNIQ_KEY)
         try:
-            properties_bytes = record.encode_properties(properties)
-            encoded = record.prepare(
-                topic=message.topic,
-                body=bytes(message.body),
-                queue_id=message.queue_id,
-                properties_bytes=properties_bytes,
-                store_host=self.config.store_host,
-                born_host=message.born_host,
-                born_timestamp=self.clock() if message.born_timestamp is None else message.born_timestamp,
-                flag=message.flag,
-                sysflag=message.sysflag,
-                reconsume_times=message.reconsume_times,
-                prepared_transaction_offset=message.prepared_transaction_offset,
+            encoded = record.template(topic, message.born_host, cfg.store_host).encode(
+                body,
+                queue_id,
+                record.encode_properties(dict(items)) if properties else record.encode_property_items(items),
+                self.clock() if message.born_timestamp is None else message.born_timestamp,
+                message.flag,
+                message.sysflag,
+                message.reconsume_times,
+                message.prepared_transaction_offset,
             )
         except record.CodecError as exc:
             raise InvalidMessageError(str(exc)) from None
-        if encoded.total_size + record.BLANK_SIZE > self.config.segment_size:
-            raise InvalidMessageError(f"a {encoded.total_size}-byte record does not fit a {self.config.segment_size}-byte segment")
+        except (ValueError, TypeError) as exc:  # a malformed host address or port
+            raise InvalidMessageError(f"cannot encode the message: {exc}") from None
+        if encoded.total_size + record.BLANK_SIZE > self.commit_log.segment_size:
+            raise InvalidMessageError(f"a {encoded.total_size}-byte record does not fit a {self.commit_log.segment_size}-byte segment")
         return encoded, unique_key
 
-    def put(self, message: Message) -> PutResult:
-        """Append one message; returns once the flush policy is satisfied.
+    def put(self, message: Message, on_durable: DurableCallback | None = None) -> PutResult:
+        """Append one message.
+
+        Without `on_durable`, returns once the flush policy is satisfied.  With it, returns as
+        soon as the message is written and later calls `on_durable(result, error)` from the flush
+        thread: error is None once the bytes are durable (at once under async flush), or a
+        FlushTimeoutError.  Many callers waiting this way share fsyncs without a thread each.
 
         Raises InvalidMessageError (nothing stored, no queue offset used), StoreIOError (the disk
         refused; nothing stored), FlushTimeoutError (sync flush: written, durability unconfirmed)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        encoded, unique_key = self._prepare(message)
-        key = (message.topic, message.queue_id)
-        takes_offset = message.sysflag & record.TRANSACTION_TYPE_MASK in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
-        with self._append_lock:
-            if self._closed:
-                raise StoreClosedError("the store is closed")
-            queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
-            store_timestamp = self.clock()
-            try:
-                offset = self.commit_log.append(encoded, queue_offset, store_timestamp)
-            except OSError as exc:
-                raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
-            if takes_offset:
-                self._queue_offsets[key] = queue_offset + 1
-            end = offset + encoded.total_size
-            self._last_written = (end, store_timestamp)
-        if self.group_commit is not None:
-            self.group_commit.wait_for(end)
-        else:
-            self._dispatch_event.set()
-        return PutResult(
-            commit_log_offset=offset,
-            size=encoded.total_size,
-            queue_offset=queue_offset,
-            msg_id=record.message_id(self.config.store_host, offset),
-            unique_key=unique_key,
-            store_timestamp=store_timestamp,
-        )
+        group_commit = self.group_commit
+        blocking = group_commit is not None and on_durable is None
+        if blocking:
+            group_commit.begin()
+        try:
+            encoded, unique_key = self._prepare(message)
+            key = (message.topic, message.queue_id)
+            takes_offset = not message.sysflag & record.TRANSACTION_TYPE_MASK or (
+                message.sysflag & record.TRANSACTION_TYPE_MASK == record.TRANSACTION_COMMIT
+            )
+            with self._append_lock:
+                if self._closed:
+                    raise StoreClosedError("the store is closed")
+                queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
+                store_timestamp = self.clock()
+                try:
+                    offset = self.commit_log.append(encoded, queue_offset, store_timestamp)
+                except OSError as exc:
+                    raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
+                if takes_offset:
+                    self._queue_offsets[key] = queue_offset + 1
+                end = offset + encoded.total_size
+                self._last_written = (end, store_timestamp)
+            result = PutResult(offset, encoded.total_size, queue_offset, unique_key, store_timestamp, self.config.store_host)
+            if blocking:
+                group_commit.wait_for(end)
+            elif group_commit is not None:
+                group_commit.register(end, on_durable, result)
+            else:
+                if not self._dispatch_event_set:
+                    self._dispatch_event_set = True
+                    self._dispatch_event.set()
+                if on_durable is not None:
+                    on_durable(result, None)
+        finally:
+            if blocking:
+                group_commit.end()
+        return result
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -408,6 +461,7 @@ class MessageStore:
         while not self._stopping:
             self._dispatch_event.wait(0.01)
             self._dispatch_event.clear()
+            self._dispatch_event_set = False
             try:
                 self._dispatch_pending()
             except Exception:

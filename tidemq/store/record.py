@@ -108,19 +108,33 @@ def tags_code(tags: str | None) -> int:
 
 def encode_properties(properties: dict[str, str]) -> bytes:
     """`name \\x01 value \\x02` for each property whose value is not None."""
-    parts = []
+    parts = [f"{name}\x01{value}\x02" for name, value in properties.items() if value is not None]
+    text = "".join(parts)
+    # each part holds exactly one of each separator unless a name or value smuggled one in
+    if text.count("\x01") != len(parts) or text.count("\x02") != len(parts) or "\x02\x01" in text or text[:1] == "\x01":
+        _explain_bad_properties(properties)
+    return text.encode("utf-8")
+
+
+def encode_property_items(items: list[tuple[str, str]]) -> bytes:
+    """`encode_properties` for a list of (name, value) pairs with distinct names."""
+    text = "".join([f"{name}\x01{value}\x02" for name, value in items if value is not None])
+    n = text.count("\x02")
+    if text.count("\x01") != n or n != sum(1 for _, v in items if v is not None) or "\x02\x01" in text or text[:1] == "\x01":
+        _explain_bad_properties(dict(items))
+    return text.encode("utf-8")
+
+
+def _explain_bad_properties(properties: dict[str, str]) -> None:
     for name, value in properties.items():
         if value is None:
             continue
-        if not isinstance(name, str) or not isinstance(value, str):
-            raise CodecError(f"property {name!r}: names and values must be str")
         if not name:
             raise CodecError("property name must not be empty")
-        for text in (name, value):
+        for text in (str(name), str(value)):
             if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
                 raise CodecError(f"property {name!r} contains a \\x01 or \\x02 separator character")
-        parts.append(f"{name}\x01{value}\x02")
-    return "".join(parts).encode("utf-8")
+    raise CodecError("properties could not be encoded")
 
 
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
@@ -410,51 +424,100 @@ def skip_records(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> i
 # position-dependent fields (queue offset, physical offset, store time) are packed inside it.
 
 
-@dataclass(slots=True)
-class EncodedMessage:
-    """A message ready to append: everything but its position-dependent fields."""
+_POSITION_FIELDS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET at offset 20
+_I64 = struct.Struct(">q")
 
-    header: struct.Struct
-    total_size: int
-    magic: int
-    body_crc: int
-    queue_id: int
-    flag: int
-    sysflag: int
-    born_timestamp: int
-    born_ip: bytes
-    born_port: int
-    store_ip: bytes
-    store_port: int
-    reconsume_times: int
-    prepared_transaction_offset: int
-    body_len: int
-    tail: bytes  # body + topic length + topic + properties length + properties
+
+class EncodedMessage:
+    """A whole record, encoded outside the append lock with its position-dependent fields
+    (queue offset, physical offset, store time) left zero; `pack_into` writes it and fills them."""
+
+    __slots__ = ("data", "total_size", "store_timestamp_position")
+
+    def __init__(self, data: bytes, store_timestamp_position: int) -> None:
+        self.data = data
+        self.total_size = len(data)
+        self.store_timestamp_position = store_timestamp_position
 
     def pack_into(self, buf, pos: int, queue_offset: int, commit_log_offset: int, store_timestamp: int) -> None:
-        self.header.pack_into(
-            buf,
-            pos,
-            self.total_size,
-            self.magic,
-            self.body_crc,
-            self.queue_id,
-            self.flag,
-            queue_offset,
-            commit_log_offset,
-            self.sysflag,
-            self.born_timestamp,
-            self.born_ip,
-            self.born_port,
-            store_timestamp,
-            self.store_ip,
-            self.store_port,
-            self.reconsume_times,
-            self.prepared_transaction_offset,
-            self.body_len,
+        buf[pos : pos + self.total_size] = self.data
+        _POSITION_FIELDS.pack_into(buf, pos + QUEUE_OFFSET_POSITION, queue_offset, commit_log_offset)
+        _I64.pack_into(buf, pos + self.store_timestamp_position, store_timestamp)
+
+
+class RecordTemplate:
+    """The parts of a record fixed by its topic and hosts, encoded once: a put then costs one
+    header pack and one join.  Get one with `template(topic, born_host, store_host)`."""
+
+    __slots__ = ("header", "fixed_size", "magic", "sysflag_bits", "born_ip", "born_port", "store_ip", "store_port", "topic_part", "store_timestamp_position")
+
+    def __init__(self, topic: str, born_host: Host, store_host: Host) -> None:
+        topic_bytes = topic.encode("utf-8")
+        if len(topic_bytes) > MAX_TOPIC_BYTES:
+            raise CodecError(f"topic is {len(topic_bytes)} bytes, at most {MAX_TOPIC_BYTES} fit a record")
+        born_packed, born_v6 = encode_host(born_host)
+        store_packed, store_v6 = encode_host(store_host)
+        v2 = len(topic) > MAX_TOPIC_LENGTH_V1 or len(topic_bytes) > 255
+        self.header = header_struct(born_v6, store_v6)
+        self.magic = MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE
+        self.sysflag_bits = (FLAG_BORNHOST_V6 if born_v6 else 0) | (FLAG_STOREHOST_V6 if store_v6 else 0)
+        self.born_ip, self.born_port = born_packed[:-4], born_host[1]
+        self.store_ip, self.store_port = store_packed[:-4], store_host[1]
+        self.topic_part = (_I16.pack(len(topic_bytes)) if v2 else bytes((len(topic_bytes),))) + topic_bytes
+        self.fixed_size = self.header.size + len(self.topic_part) + 2
+        # STORETIMESTAMP follows BORNHOST: 56 with an IPv4 born host, 68 with IPv6
+        self.store_timestamp_position = 68 if born_v6 else 56
+
+    def encode(
+        self,
+        body: bytes,
+        queue_id: int,
+        properties_bytes: bytes,
+        born_timestamp: int,
+        flag: int = 0,
+        sysflag: int = 0,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+    ) -> EncodedMessage:
+        if len(properties_bytes) > MAX_PROPERTIES_BYTES:
+            raise CodecError(f"properties are {len(properties_bytes)} bytes, at most {MAX_PROPERTIES_BYTES}")
+        body_len = len(body)
+        data = b"".join(
+            (
+                self.header.pack(
+                    self.fixed_size + body_len + len(properties_bytes),
+                    self.magic,
+                    crc32(body) & 0x7FFFFFFF,
+                    queue_id,
+                    flag,
+                    0,
+                    0,
+                    (sysflag & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | self.sysflag_bits,
+                    born_timestamp,
+                    self.born_ip,
+                    self.born_port,
+                    0,
+                    self.store_ip,
+                    self.store_port,
+                    reconsume_times,
+                    prepared_transaction_offset,
+                    body_len,
+                ),
+                body,
+                self.topic_part,
+                _I16.pack(len(properties_bytes)),
+                properties_bytes,
+            )
         )
-        start = pos + self.header.size
-        buf[start : start + len(self.tail)] = self.tail
+        return EncodedMessage(data, self.store_timestamp_position)
+
+
+@lru_cache(maxsize=4096)
+def template(topic: str, born_host: Host, store_host: Host) -> RecordTemplate:
+    return RecordTemplate(topic, born_host, store_host)
+
+
+crc32 = zlib.crc32
 
 
 def prepare(
@@ -472,39 +535,8 @@ def prepare(
     prepared_transaction_offset: int = 0,
 ) -> EncodedMessage:
     """Encode everything that does not depend on where the record lands."""
-    topic_bytes = topic.encode("utf-8")
-    if len(topic_bytes) > MAX_TOPIC_BYTES:
-        raise CodecError(f"topic is {len(topic_bytes)} bytes, at most {MAX_TOPIC_BYTES} fit a record")
-    if len(properties_bytes) > MAX_PROPERTIES_BYTES:
-        raise CodecError(f"properties are {len(properties_bytes)} bytes, at most {MAX_PROPERTIES_BYTES}")
-    born_packed, born_v6 = encode_host(born_host)
-    store_packed, store_v6 = encode_host(store_host)
-    sysflag &= ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
-    if born_v6:
-        sysflag |= FLAG_BORNHOST_V6
-    if store_v6:
-        sysflag |= FLAG_STOREHOST_V6
-    v2 = len(topic) > MAX_TOPIC_LENGTH_V1 or len(topic_bytes) > 255
-    header = header_struct(born_v6, store_v6)
-    topic_len = struct.pack(">h", len(topic_bytes)) if v2 else bytes((len(topic_bytes),))
-    tail = b"".join((body, topic_len, topic_bytes, struct.pack(">h", len(properties_bytes)), properties_bytes))
-    return EncodedMessage(
-        header=header,
-        total_size=header.size + len(tail),
-        magic=MESSAGE_MAGIC_CODE_V2 if v2 else MESSAGE_MAGIC_CODE,
-        body_crc=zlib.crc32(body) & 0x7FFFFFFF,
-        queue_id=queue_id,
-        flag=flag,
-        sysflag=sysflag,
-        born_timestamp=born_timestamp,
-        born_ip=born_packed[:-4],
-        born_port=born_host[1],
-        store_ip=store_packed[:-4],
-        store_port=store_host[1],
-        reconsume_times=reconsume_times,
-        prepared_transaction_offset=prepared_transaction_offset,
-        body_len=len(body),
-        tail=tail,
+    return template(topic, born_host, store_host).encode(
+        body, queue_id, properties_bytes, born_timestamp, flag, sysflag, reconsume_times, prepared_transaction_offset
     )
 
 

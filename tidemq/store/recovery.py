@@ -33,6 +33,8 @@ class LogScan:
     end: int  # offset just past the last valid record
     records: int = 0
     last_store_timestamp: int = 0
+    # (topic, queue id) -> one past the highest queue offset of a queue-building record seen
+    queue_ends: dict[tuple[str, int], int] = field(default_factory=dict)
     invalid: record.Invalid | None = None
     corrupt_in_middle: bool = False
     valid_after_invalid: int = 0  # valid records found after the invalid one (middle corruption)
@@ -62,6 +64,8 @@ def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogSc
             scan.end = offset
             scan.records += 1
             scan.last_store_timestamp = result.store_timestamp
+            if result.sysflag & record.TRANSACTION_TYPE_MASK in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT):
+                scan.queue_ends[(result.topic, result.queue_id)] = result.queue_offset + 1
         elif type(result) is record.EndOfSegment:
             offset = segment.end
             if commit_log.segment_for(offset) is None:
@@ -94,12 +98,14 @@ def _valid_records_after(commit_log: CommitLog, segment: Segment, bad: record.In
 
 
 def choose_scan_start(commit_log: CommitLog, covered: int, checkpoint: Checkpoint, abnormal: bool) -> int:
-    """The start of the segment from which the log must be validated."""
+    """The start of the segment from which the log must be validated: like RocketMQ, two
+    segments before the one holding the earliest offset an index may miss."""
     if not commit_log.segments:
         return 0
     start = min(covered, checkpoint.confirm_phy_offset) if abnormal else covered
     start = max(start, commit_log.min_offset)
     segment = commit_log.segment_for(start) or commit_log.segments[-1]
+    segment = commit_log.segments[max(0, commit_log.segments.index(segment) - 2)]
     if abnormal:
         # walk back while the segment's first record is newer than the checkpoint's safe time
         index = commit_log.segments.index(segment)

@@ -1,0 +1,260 @@
+"""MessageStore behaviour: appends, reads, bad input, flush policies, locking, retention."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from tidemq.store import (
+    InvalidMessageError,
+    Message,
+    MessageStore,
+    StoreConfig,
+    StoreIOError,
+    StoreLockedError,
+    record,
+)
+from tidemq.store.check import check
+
+
+def small(**kw):
+    return StoreConfig(segment_size=kw.pop("segment_size", 8192), consume_queue_units=kw.pop("consume_queue_units", 16), **kw)
+
+
+def test_records_never_span_segments(tmp_path):
+    with MessageStore(tmp_path, small()) as store:
+        results = [store.put(Message(topic="t", body=os.urandom(300), queue_id=0)) for i in range(100)]
+        assert store.wait_dispatched()
+        for r in results:
+            assert r.commit_log_offset // 8192 == (r.commit_log_offset + r.size - 1) // 8192
+        assert [r.queue_offset for r in results] == list(range(100))
+        segments = store.commit_log.segments
+        assert len(segments) > 3
+        # every full segment ends with a blank filler of its remaining bytes
+        first_in_second = results[[r.commit_log_offset >= 8192 for r in results].index(True) - 1]
+        end = first_in_second.commit_log_offset + first_in_second.size
+        assert isinstance(record.decode(segments[0].mm, end), record.EndOfSegment)
+        got = store.get("t", 0, 0, 100).messages
+        assert [bytes(m.body) for m in got] == [bytes(store.read_record(r.commit_log_offset).body) for r in results]
+    assert check(tmp_path).sound
+
+
+def test_message_fields_round_trip_through_the_store(tmp_path):
+    clock = iter(range(1_000_000, 2_000_000)).__next__
+    with MessageStore(tmp_path, small(clock=clock)) as store:
+        r = store.put(
+            Message(
+                topic="orders",
+                body=b"payload",
+                queue_id=2,
+                tags="paid",
+                keys=["o-1", "o-2"],
+                properties={"color": "blue", record.PROPERTY_UNIQ_KEY: "CLIENT-ID-1"},
+                born_host=("192.168.0.9", 4242),
+                born_timestamp=123,
+                reconsume_times=3,
+                flag=7,
+            )
+        )
+        assert r.unique_key == "CLIENT-ID-1"
+        assert r.msg_id == record.message_id(("127.0.0.1", 10911), r.commit_log_offset)
+        store.wait_dispatched()
+        (m,) = store.get("orders", 2, 0, 10).messages
+        assert m.tags == "paid" and m.keys == ["o-1", "o-2"] and m.unique_key == "CLIENT-ID-1"
+        assert m.properties["color"] == "blue" and m.born_host == ("192.168.0.9", 4242)
+        assert (m.born_timestamp, m.store_timestamp, m.reconsume_times, m.flag) == (123, r.store_timestamp, 3, 7)
+        (unit,) = store.read_units("orders", 2, 0, 10)
+        assert unit.tags_code == record.java_string_hash("paid")
+        second = store.put(Message(topic="orders", body=b"x", queue_id=2))
+        assert len(second.unique_key) == 32 and second.unique_key != r.unique_key
+
+
+@pytest.mark.parametrize(
+    "message, fragment",
+    [
+        (Message(topic="", body=b"x"), "topic"),
+        (Message(topic="t" * 256, body=b"x"), "at most 255"),
+        (Message(topic="a/b", body=b"x"), "'/'"),
+        (Message(topic="t", body=b"x", queue_id=-1), "queue id"),
+        (Message(topic="t", body=b"x", queue_id=70000), "queue id"),
+        (Message(topic="t", body=b"x" * (4 * 1024 * 1024 + 1)), "maximum"),
+        (Message(topic="t", body="text"), "bytes"),
+        (Message(topic="t", body=b"x", properties={"big": "v" * 40000}), "properties"),
+        (Message(topic="t", body=b"x", properties={"bad\x01": "v"}), "separator"),
+        (Message(topic="t", body=b"x", tags="a\x02b"), "separator"),
+        (Message(topic="t", body=b"x", born_host=("not-an-ip", 1)), "encode"),
+    ],
+)
+def test_bad_input_is_refused_and_consumes_no_offset(tmp_path, message, fragment):
+    with MessageStore(tmp_path, StoreConfig(segment_size=16 << 20)) as store:
+        store.put(Message(topic="t", body=b"first"))
+        with pytest.raises(InvalidMessageError, match=fragment):
+            store.put(message)
+        before = store.commit_log.write_position
+        assert store.put(Message(topic="t", body=b"next")).queue_offset == 1
+        assert store.commit_log.read_record(before).queue_offset == 1  # the refused message left no bytes
+        store.put(Message(topic="t", body=b"x"))
+        store.wait_dispatched()
+        assert [bytes(m.body) for m in store.get("t", 0, 0, 10).messages] == [b"first", b"next", b"x"]
+
+
+def test_prepared_transaction_messages_get_no_queue_entry(tmp_path):
+    with MessageStore(tmp_path, small()) as store:
+        store.put(Message(topic="t", body=b"a"))
+        half = store.put(Message(topic="t", body=b"half", sysflag=record.TRANSACTION_PREPARED))
+        assert half.queue_offset == 0
+        assert store.put(Message(topic="t", body=b"b")).queue_offset == 1
+        store.wait_dispatched()
+        assert [bytes(m.body) for m in store.get("t", 0, 0, 10).messages] == [b"a", b"b"]
+        assert bytes(store.read_record(half.commit_log_offset).body) == b"half"
+
+
+def test_second_opener_gets_a_clear_error(tmp_path):
+    with MessageStore(tmp_path, small()):
+        with pytest.raises(StoreLockedError, match="in use by another process"):
+            MessageStore(tmp_path, small())
+        child = subprocess.run(
+            [sys.executable, "-c", f"from tidemq.store import *; MessageStore({str(tmp_path)!r})"],
+            capture_output=True,
+            text=True,
+        )
+        assert child.returncode != 0 and "in use by another process" in child.stderr
+
+
+def test_listeners_hear_of_committed_entries(tmp_path):
+    heard = []
+    done = threading.Event()
+
+    def listener(changes):
+        heard.append(dict(changes))
+        if sum(v for c in heard for v in c.values()) and changes.get(("b", 1)) == 2:
+            done.set()
+
+    with MessageStore(tmp_path, small()) as store:
+        store.subscribe(listener)
+        store.put(Message(topic="a", body=b"1"))
+        store.put(Message(topic="b", body=b"2", queue_id=1))
+        store.put(Message(topic="b", body=b"3", queue_id=1))
+        assert done.wait(5)
+    merged = {}
+    for c in heard:
+        merged.update(c)
+    assert merged == {("a", 0): 1, ("b", 1): 2}
+
+
+def test_sync_flush_group_commit_shares_fsyncs(tmp_path):
+    with MessageStore(tmp_path, small(segment_size=1 << 20, flush="sync")) as store:
+        barrier = threading.Barrier(16)
+        results = []
+
+        def putter(i):
+            barrier.wait()
+            for _ in range(20):
+                results.append(store.put(Message(topic="t", body=b"x" * 64, queue_id=i % 4)))
+
+        threads = [threading.Thread(target=putter, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 320
+        # each put returned only after an fsync covered it
+        assert max(r.commit_log_offset + r.size for r in results) <= store.group_commit.flushed
+        assert store.group_commit.fsyncs < 320
+        assert store.wait_dispatched()
+        assert sum(store.max_offset("t", q) for q in range(4)) == 320
+
+
+def test_sync_flush_callbacks(tmp_path):
+    with MessageStore(tmp_path, small(segment_size=1 << 20, flush="sync")) as store:
+        durable = []
+        done = threading.Event()
+
+        def on_durable(result, error):
+            assert error is None
+            assert store.group_commit.flushed >= result.commit_log_offset + result.size
+            durable.append(result.queue_offset)
+            if len(durable) == 200:
+                done.set()
+
+        for _ in range(200):
+            store.put(Message(topic="t", body=b"y"), on_durable=on_durable)
+        assert done.wait(10)
+        assert sorted(durable) == list(range(200))
+        assert store.group_commit.fsyncs < 200
+
+
+def test_sync_flush_dispatches_only_flushed_bytes(tmp_path):
+    with MessageStore(tmp_path, small(flush="sync")) as store:
+        store.put(Message(topic="t", body=b"a"))
+        store.wait_dispatched()
+        assert store.max_offset("t", 0) == 1
+        assert store.confirmed_offset == store.commit_log.flushed_position
+
+
+def test_retention_deletes_old_segments_with_an_injected_clock(tmp_path):
+    now = [1_000_000_000]
+    cfg = small(clock=lambda: now[0], retention_hours=1)
+    with MessageStore(tmp_path, cfg) as store:
+        for i in range(60):
+            store.put(Message(topic="t", body=os.urandom(400)))
+        now[0] += 2 * 3600 * 1000  # two hours later
+        fresh = [store.put(Message(topic="t", body=os.urandom(400))) for _ in range(30)]
+        store.wait_dispatched()
+        before = len(store.commit_log.segments)
+        removed = store.delete_expired_segments()
+        assert removed > 0 and len(store.commit_log.segments) == before - removed
+        minimum = store.min_offset("t", 0)
+        assert 0 < minimum <= fresh[0].queue_offset
+        assert store.get("t", 0, 0, 1).messages[0].queue_offset == minimum
+        assert [m.queue_offset for m in store.get("t", 0, fresh[0].queue_offset, 100).messages] == [r.queue_offset for r in fresh]
+        # nothing newer than the retention time is deleted
+        assert store.delete_expired_segments() == 0
+    with MessageStore(tmp_path, cfg) as store:
+        assert store.min_offset("t", 0) == minimum and store.max_offset("t", 0) == 90
+
+
+DISK_FULL_CHILD = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from tidemq.store import *
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    store = MessageStore(sys.argv[1], StoreConfig(segment_size=65536, consume_queue_units=1024))
+    store.put(Message(topic="t", body=b"z" * 500))  # the first segment and queue file exist now
+    store.wait_dispatched()
+    # from here on the disk refuses to grow any file past 64 KiB - 1: the next segment cannot be made
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65535, 65535))
+    ok = 1
+    try:
+        while True:
+            store.put(Message(topic="t", body=b"z" * 500))
+            ok += 1
+    except StoreIOError as exc:
+        print("refused", ok, exc, flush=True)
+    try:
+        store.put(Message(topic="t", body=b"z" * 500))
+    except StoreIOError:
+        print("still refused", flush=True)
+    store.wait_dispatched()
+    print("max", store.max_offset("t", 0), flush=True)
+    """
+)
+
+
+def test_disk_full_is_an_error_and_the_store_stays_consistent(tmp_path):
+    child = subprocess.run([sys.executable, "-c", DISK_FULL_CHILD, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    lines = child.stdout.splitlines()
+    assert lines[0].startswith("refused"), child.stderr
+    stored = int(lines[0].split()[1])
+    assert "append failed, nothing stored" in lines[0]
+    assert lines[1] == "still refused"
+    assert lines[2] == f"max {stored}"
+    with MessageStore(tmp_path, StoreConfig()) as store:
+        assert store.max_offset("t", 0) == stored
+        assert store.put(Message(topic="t", body=b"after")).queue_offset == stored
+    assert check(tmp_path).sound
