@@ -32,7 +32,7 @@ def list_topics(broker: Broker) -> list[dict]:
     for name, topic in sorted(broker.metadata.topics.items()):
         queues = [{"queue_id": q, "min_offset": store.min_offset(name, q), "max_offset": store.max_offset(name, q)}
                   for q in range(topic.queue_nums)]
-        out.append({**asdict(topic), "queues": queues})
+        out.append({**asdict(topic), "queues": queues, "waiting_receives": broker.long_polling.waiting(name)})
     return out
 
 

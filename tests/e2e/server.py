@@ -1,0 +1,91 @@
+"""A tidemq server in a child process, as a user runs it, and helpers for SDK clients."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rocketmq import ClientConfiguration, Credentials
+
+READY = re.compile(r"tidemq ready: gRPC on ([\d.]+):(\d+)")
+
+
+class ServerProcess:
+    def __init__(self, store: Path, *args: str) -> None:
+        self.store = Path(store)
+        self.args = args
+        self.process: subprocess.Popen | None = None
+        self.port = 0
+        self.log_path = self.store.parent / f"{self.store.name}.server.log"
+
+    def start(self, timeout: float = 30.0) -> "ServerProcess":
+        log = open(self.log_path, "ab")
+        offset = log.tell()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tidemq.cli", "serve", "--store", str(self.store), "--listen", "127.0.0.1:0", *self.args],
+            stdout=log, stderr=log, cwd=self.store.parent,
+        )
+        log.close()
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            match = READY.search(text)
+            if match:
+                self.port = int(match.group(2))
+                return self
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{text}")
+            time.sleep(0.02)
+        raise TimeoutError(f"server not ready after {timeout} s")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def config(self) -> ClientConfiguration:
+        return ClientConfiguration(self.address, Credentials(), request_timeout=3)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout)
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def tidemq(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tidemq.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
+    """Poll `condition` until it returns something truthy (not a timing assertion: a bound on
+    how long a test may hang)."""
+    give_up = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def env_pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
