@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .broker_cli import register as register_broker_commands
 
     register_broker_commands(commands)
+    from .pipeline.cli import add_commands as add_pipeline_commands
+
+    add_pipeline_commands(commands)
     return parser
 
 

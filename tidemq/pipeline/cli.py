@@ -1,0 +1,122 @@
+"""`tidemq pipeline rebuild|export|stats`: the Spark jobs on the command line.
+
+Every command takes `--master URL` (default local[*]) and passes Spark settings through with
+repeated `--conf key=value`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _session(args: argparse.Namespace):
+    from .session import parse_conf, spark_session
+
+    conf = parse_conf(args.conf)
+    conf.setdefault("spark.ui.showConsoleProgress", "false")
+    spark = spark_session(args.master, conf)
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    from .rebuild import rebuild
+
+    if bool(args.out) == bool(args.in_place):
+        raise ValueError("rebuild needs --out OUT or --in-place (with the broker stopped)")
+    spark = _session(args)
+    report = rebuild(
+        spark,
+        Path(args.store),
+        Path(args.out) if args.out else None,
+        in_place=args.in_place,
+        units_per_file=args.units_per_file,
+        partition_size=args.partition_size,
+    )
+    for line in report.messages:
+        print(f"warning: {line}")
+    print(f"rebuilt {len(report.queues)} consume queue(s), {report.entries} entries, into {report.out}")
+    for topic, queue_id, entries, files, min_offset, max_offset, _ in report.queues:
+        print(f"  {topic}/{queue_id}  entries {entries}  offsets [{min_offset}, {max_offset})  files {files}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .export import export
+
+    spark = _session(args)
+    report = export(spark, Path(args.store), args.out, mode=args.mode, partition_size=args.partition_size)
+    for line in report.messages:
+        print(f"warning: {line}")
+    print(f"exported {args.store} to {report.out} (Parquet, partitioned by topic and day)")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from .export import stats
+
+    spark = _session(args)
+    report = stats(spark, Path(args.store), bucket_seconds=args.bucket, partition_size=args.partition_size)
+    for line in report.messages:
+        print(f"warning: {line}")
+
+    def line(name: str, t) -> str:
+        return f"  {name:<40} {t.messages:>10} msgs {t.bytes:>14} bytes  {t.first_store_time} .. {t.last_store_time}"
+
+    print("topics:")
+    for topic, totals in report.topics.items():
+        print(line(topic, totals))
+    print("queues:")
+    for (topic, queue_id), totals in report.queues.items():
+        print(line(f"{topic}/{queue_id}", totals))
+    print(f"rates ({report.bucket_seconds}-second buckets):")
+    for start, messages, size, rate in report.rates:
+        print(f"  {start}  {messages:>10} msgs {size:>14} bytes  {rate:10.1f} msg/s")
+    return 0
+
+
+def _one_line_errors(func):
+    """Spark's own failures surface as they are; a missing Java or a corrupt log is one line."""
+
+    def run(args: argparse.Namespace) -> int:
+        from .session import JavaNotFoundError
+        from .source import CorruptLogError
+
+        try:
+            return func(args)
+        except (JavaNotFoundError, CorruptLogError) as exc:
+            print(f"tidemq: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def add_commands(commands) -> None:
+    """Add `pipeline` and its subcommands to the `tidemq` parser's subcommands."""
+    pipeline = commands.add_parser("pipeline", help="Spark jobs over commit logs: rebuild, export, stats")
+    jobs = pipeline.add_subparsers(dest="pipeline_command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--store", required=True, help="store directory (holding commitlog/)")
+        p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+        p.add_argument("--conf", action="append", metavar="KEY=VALUE", help="a Spark setting; repeatable")
+        p.add_argument("--partition-size", help="bytes of commit log per Spark task (default 64m)")
+
+    p = jobs.add_parser("rebuild", help="build the ConsumeQueue files from the commit log")
+    common(p)
+    p.add_argument("--out", help="directory to write the consumequeue tree to")
+    p.add_argument("--in-place", action="store_true", help="replace the stopped store's own consume queues")
+    p.add_argument("--units-per-file", type=int, help="units per file (default: the store's, else 300000)")
+    p.set_defaults(func=_one_line_errors(_rebuild))
+
+    p = jobs.add_parser("export", help="messages to Parquet, partitioned by topic and day")
+    common(p)
+    p.add_argument("--out", required=True)
+    p.add_argument("--mode", default="errorifexists", choices=["errorifexists", "overwrite", "append", "ignore"])
+    p.set_defaults(func=_one_line_errors(_export))
+
+    p = jobs.add_parser("stats", help="per-topic and per-queue counts, bytes, store times, rates")
+    common(p)
+    p.add_argument("--bucket", type=int, default=60, help="seconds per rate bucket (default 60)")
+    p.set_defaults(func=_one_line_errors(_stats))
