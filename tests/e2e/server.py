@@ -23,11 +23,13 @@ class ServerProcess:
         self.port = 0
         self.log_path = self.store.parent / f"{self.store.name}.server.log"
 
-    def start(self, timeout: float = 30.0) -> "ServerProcess":
+    def start(self, timeout: float = 30.0, same_port: bool = False) -> "ServerProcess":
+        """Start on an ephemeral port, or (restart) on the port it had before."""
+        listen = f"127.0.0.1:{self.port if same_port else 0}"
         log = open(self.log_path, "ab")
         offset = log.tell()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tidemq.cli", "serve", "--store", str(self.store), "--listen", "127.0.0.1:0", *self.args],
+            [sys.executable, "-m", "tidemq.cli", "serve", "--store", str(self.store), "--listen", listen, *self.args],
             stdout=log, stderr=log, cwd=self.store.parent,
         )
         log.close()
