@@ -228,9 +228,10 @@ class CommitLog:
 
 
 def _zero(mm: mmap.mmap, start: int, end: int, chunk: int = 1 << 20) -> None:
+    zeros = bytes(chunk)
     pos = start
     while pos < end:
         n = min(chunk, end - pos)
-        if any(mm[pos : pos + n]):
-            mm[pos : pos + n] = bytes(n)
+        if mm[pos : pos + n] != zeros[:n]:  # memcmp, not a per-byte Python loop
+            mm[pos : pos + n] = zeros[:n]
         pos += n
