@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 run: install
-	$(BIN)/tidemq store inspect ./data
+	$(BIN)/tidemq serve
 
 test: install
 	$(BIN)/python -m pytest -q
