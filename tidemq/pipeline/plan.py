@@ -103,8 +103,12 @@ def map_segment(path: str) -> mmap.mmap | None:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def plan_log(log: CommitLogDir, partition_size: int, start: int = 0, end: int = NO_END) -> list[SegmentRange]:
-    """Record-aligned ranges covering the records of one log that start in [start, end)."""
+def plan_log(
+    log: CommitLogDir, partition_size: int, start: int = 0, end: int = NO_END, start_aligned: bool = False
+) -> list[SegmentRange]:
+    """Record-aligned ranges covering the records of one log that start in [start, end).
+    `start_aligned` says `start` is known to be a record boundary (a streaming offset), so the
+    segment's chain need not be walked up to it."""
     ranges: list[SegmentRange] = []
     for seg_start, path, size in segments(log.directory):
         if seg_start + size <= start or seg_start >= end or size == 0:
@@ -116,7 +120,7 @@ def plan_log(log: CommitLogDir, partition_size: int, start: int = 0, end: int = 
         with mm:
             lo = 0
             if start > seg_start:
-                lo = record.skip_records(mm, 0, start - seg_start)
+                lo = start - seg_start if start_aligned else record.skip_records(mm, 0, start - seg_start)
             while lo < limit:
                 target = lo + partition_size
                 hi = record.skip_records(mm, lo, target) if target < limit else limit
@@ -205,3 +209,20 @@ def tail_damage(log: CommitLogDir) -> record.Invalid | None:
                 del result
             return found
     return None
+
+
+def chain_end(log: CommitLogDir) -> int:
+    """Where the newest segment's size chain ends (8 bytes read per record, nothing validated):
+    a cheap bound on what has been written so far."""
+    for seg_start, path, size in reversed(segments(log.directory)):
+        mm = map_segment(path)
+        if mm is None:
+            continue
+        with mm:
+            pos = record.skip_records(mm, 0, size)
+            if pos == 0 and not any(mm[:8]):
+                continue
+            if pos < size and record.decode(mm, pos, base_offset=seg_start, read_body=False, read_properties=False).__class__ is record.EndOfSegment:
+                pos = size
+        return seg_start + pos
+    return 0

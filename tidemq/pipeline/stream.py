@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxBytes, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from . import plan as planning
@@ -19,7 +20,7 @@ from .plan import CommitLogDir
 from .source import ReadSettings, parse_size, read_range
 
 
-class CommitLogStreamReader(DataSourceStreamReader):
+class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, logs: list[CommitLogDir], options, schema: StructType) -> None:
         self.logs = logs
         self.settings = ReadSettings(options, schema)
@@ -29,6 +30,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
             raise ValueError(f"startingOffsets must be earliest, latest or an offset, not {self.starting!r}")
         max_bytes = options.get("maxBytesPerTrigger")
         self.max_bytes = parse_size(str(max_bytes)) if max_bytes else None
+        self.target: dict | None = None  # Trigger.AvailableNow: read no further than this
 
     def initialOffset(self) -> dict:
         offsets = {}
@@ -42,17 +44,24 @@ class CommitLogStreamReader(DataSourceStreamReader):
                 offsets[log.broker] = max(int(self.starting), first)
         return offsets
 
-    def latestOffset(self, start: dict | None = None, limit=None) -> dict:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxBytes(self.max_bytes) if self.max_bytes else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = {log.broker: planning.chain_end(log) for log in self.logs}
+
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         if start is None:
             start = self.initialOffset()
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
         out = {}
         for log in self.logs:
             begin = int(start.get(log.broker, planning.first_offset(log)))
-            end = planning.log_end(log, begin)
-            if self.max_bytes is not None and end - begin > self.max_bytes:
-                # cut at a record boundary at or after begin + max_bytes
-                end = planning.log_end(log, begin, stop=begin + self.max_bytes)
-            out[log.broker] = end
+            stop = planning.NO_END if max_bytes is None else begin + max_bytes
+            if self.target is not None:
+                stop = min(stop, max(begin, self.target[log.broker]))
+            # the first record boundary at or past `stop`, or the end of the valid records
+            out[log.broker] = planning.log_end(log, begin, stop=stop) if stop > begin else begin
         return out
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -60,7 +69,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
         for log in self.logs:
             lo, hi = int(start.get(log.broker, 0)), int(end.get(log.broker, 0))
             if hi > lo:
-                parts.extend(planning.plan_log(log, self.partition_size, lo, hi))
+                parts.extend(planning.plan_log(log, self.partition_size, lo, hi, start_aligned=True))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator:
