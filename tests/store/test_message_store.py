@@ -258,3 +258,36 @@ def test_disk_full_is_an_error_and_the_store_stays_consistent(tmp_path):
         assert store.max_offset("t", 0) == stored
         assert store.put(Message(topic="t", body=b"after")).queue_offset == stored
     assert check(tmp_path).sound
+
+
+def test_put_batch_is_ordered_and_all_or_nothing_on_bad_input(tmp_path):
+    with MessageStore(tmp_path, small(segment_size=4096)) as store:
+        batch = [Message(topic="b", body=b"%d" % i * 50, queue_id=i % 2) for i in range(40)]
+        results = store.put_batch(batch)
+        assert [r.queue_offset for r in results] == [i // 2 for i in range(40)]
+        assert [r.commit_log_offset for r in results] == sorted(r.commit_log_offset for r in results)
+        assert len({r.commit_log_offset // 4096 for r in results}) > 1  # the batch rolled segments
+        assert len({r.store_timestamp for r in results}) == 1
+        before = store.commit_log.write_position
+        with pytest.raises(InvalidMessageError):
+            store.put_batch([Message(topic="b", body=b"ok"), Message(topic="", body=b"bad")])
+        assert store.commit_log.write_position == before
+        assert store.put(Message(topic="b", body=b"next")).queue_offset == 20
+        store.wait_dispatched()
+        got = store.get("b", 1, 0, 100).messages
+        assert [bytes(m.body) for m in got] == [b"%d" % i * 50 for i in range(1, 40, 2)]
+
+
+def test_put_batch_durable_callback_once_under_sync_flush(tmp_path):
+    with MessageStore(tmp_path, small(segment_size=1 << 20, flush="sync")) as store:
+        calls = []
+        done = threading.Event()
+
+        def on_durable(results, error):
+            calls.append((len(results), error))
+            done.set()
+
+        store.put_batch([Message(topic="b", body=b"x") for _ in range(10)], on_durable=on_durable)
+        assert done.wait(5)
+        assert calls == [(10, None)]
+        assert store.group_commit.flushed >= store.commit_log.write_position

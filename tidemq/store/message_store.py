@@ -344,46 +344,83 @@ class MessageStore:
 
         Raises InvalidMessageError (nothing stored, no queue offset used), StoreIOError (the disk
         refused; nothing stored), FlushTimeoutError (sync flush: written, durability unconfirmed)."""
-        if self._closed:
-            raise StoreClosedError("the store is closed")
-        group_commit = self.group_commit
-        blocking = group_commit is not None and on_durable is None
+        blocking = self.group_commit is not None and on_durable is None
         if blocking:
-            group_commit.begin()
+            self.group_commit.begin()
         try:
-            encoded, unique_key = self._prepare(message)
-            key = (message.topic, message.queue_id)
-            takes_offset = not message.sysflag & record.TRANSACTION_TYPE_MASK or (
-                message.sysflag & record.TRANSACTION_TYPE_MASK == record.TRANSACTION_COMMIT
-            )
-            with self._append_lock:
-                if self._closed:
-                    raise StoreClosedError("the store is closed")
-                queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
-                store_timestamp = self.clock()
-                try:
-                    offset = self.commit_log.append(encoded, queue_offset, store_timestamp)
-                except OSError as exc:
-                    raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
-                if takes_offset:
-                    self._queue_offsets[key] = queue_offset + 1
-                end = offset + encoded.total_size
-                self._last_written = (end, store_timestamp)
-            result = PutResult(offset, encoded.total_size, queue_offset, unique_key, store_timestamp, self.config.store_host)
-            if blocking:
-                group_commit.wait_for(end)
-            elif group_commit is not None:
-                group_commit.register(end, on_durable, result)
-            else:
-                if not self._dispatch_event_set:
-                    self._dispatch_event_set = True
-                    self._dispatch_event.set()
-                if on_durable is not None:
-                    on_durable(result, None)
+            results, end = self._append((message,))
+            self._await_durable(end, blocking, on_durable, results[0])
         finally:
             if blocking:
-                group_commit.end()
-        return result
+                self.group_commit.end()
+        return results[0]
+
+    def put_batch(self, messages: list[Message], on_durable: DurableCallback | None = None) -> list[PutResult]:
+        """Append several messages under one lock and one durability wait, in order.
+
+        Every message is validated first: an InvalidMessageError stores none of them.  A
+        StoreIOError part way says how many were stored (`exc.stored`, the first ones).
+        `on_durable(results, error)`, if given, is called once for the whole batch."""
+        if not messages:
+            return []
+        blocking = self.group_commit is not None and on_durable is None
+        if blocking:
+            self.group_commit.begin()
+        try:
+            results, end = self._append(messages)
+            self._await_durable(end, blocking, on_durable, results)
+        finally:
+            if blocking:
+                self.group_commit.end()
+        return results
+
+    def _append(self, messages) -> tuple[list[PutResult], int]:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        prepared = [self._prepare(m) for m in messages]  # raises before anything is stored
+        results: list[PutResult] = []
+        store_host = self.config.store_host
+        with self._append_lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            store_timestamp = self.clock()
+            append = self.commit_log.append
+            queue_offsets = self._queue_offsets
+            end = 0
+            try:
+                for message, (encoded, unique_key) in zip(messages, prepared):
+                    transaction = message.sysflag & record.TRANSACTION_TYPE_MASK
+                    key = (message.topic, message.queue_id)
+                    takes_offset = not transaction or transaction == record.TRANSACTION_COMMIT
+                    queue_offset = queue_offsets.get(key, 0) if takes_offset else 0
+                    offset = append(encoded, queue_offset, store_timestamp)
+                    if takes_offset:
+                        queue_offsets[key] = queue_offset + 1
+                    end = offset + encoded.total_size
+                    results.append(PutResult(offset, encoded.total_size, queue_offset, unique_key, store_timestamp, store_host))
+            except OSError as exc:
+                error = StoreIOError(
+                    exc.errno, f"append failed, nothing stored from message {len(results)} of the batch on: {exc.strerror or exc}"
+                )
+                error.stored = len(results)
+                raise error from exc
+            finally:
+                if results:
+                    self._last_written = (end, store_timestamp)
+        return results, end
+
+    def _await_durable(self, end: int, blocking: bool, on_durable: DurableCallback | None, token) -> None:
+        group_commit = self.group_commit
+        if blocking:
+            group_commit.wait_for(end)
+        elif group_commit is not None:
+            group_commit.register(end, on_durable, token)
+        else:
+            if not self._dispatch_event_set:
+                self._dispatch_event_set = True
+                self._dispatch_event.set()
+            if on_durable is not None:
+                on_durable(token, None)
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -1,0 +1,208 @@
+"""Store benchmark: append, sync-flush group commit and dispatch, against plain sequential writes.
+
+    .venv/bin/python bench/store.py [--messages N] [--dir DIR]
+
+Prints figures and ratios from one run (this machine is shared and noisy: compare within a run):
+- append throughput (messages/s, MB/s) for 128 B and 1 KiB bodies under async flush, one put
+  per call and `put_batch` of 32;
+- the same bytes written with plain sequential file writes (the physical bound here);
+- sync flush with 1, 16 and 64 concurrent putters: threads blocking in `put`, and asyncio tasks
+  awaiting `put(..., on_durable=...)` (how the broker waits);
+- dispatch rate (ConsumeQueue entries/s) re-building the indexes of the log just written.
+
+Targets (issue: embedded store): 1 KiB appends >= 50% of plain-write bandwidth; 128 B appends >=
+150,000 msg/s; dispatch >= 3x the append rate of the same messages; 64 sync putters >= 20x one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tidemq.store import Message, MessageStore, StoreConfig  # noqa: E402
+from tidemq.store.commit_log import CommitLog  # noqa: E402
+from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
+
+SEGMENT = 256 << 20
+QUEUES = 8
+
+
+def bench_append(root: Path, body_size: int, count: int, batch: int = 1) -> tuple[float, int]:
+    """Seconds to put `count` messages from one thread (async flush), and log bytes written."""
+    directory = root / f"append-{body_size}-{batch}"
+    body = os.urandom(body_size)
+    with MessageStore(directory, StoreConfig(segment_size=SEGMENT)) as store:
+        messages = [Message(topic="bench", body=body, queue_id=i % QUEUES, tags="t%d" % (i % 4)) for i in range(count)]
+        start = time.perf_counter()
+        if batch == 1:
+            put = store.put
+            for m in messages:
+                put(m)
+        else:
+            put_batch = store.put_batch
+            for i in range(0, count, batch):
+                put_batch(messages[i : i + batch])
+        elapsed = time.perf_counter() - start
+        written = store.commit_log.write_position - store.commit_log.min_offset
+        store.wait_dispatched(120)
+    return elapsed, written
+
+
+def bench_plain(root: Path, total_bytes: int, chunk: int) -> float:
+    """Seconds to write `total_bytes` sequentially in `chunk`-sized writes (no fsync, as async)."""
+    path = root / "plain.bin"
+    data = os.urandom(chunk)
+    n = total_bytes // chunk
+    with open(path, "wb", buffering=0) as f:
+        start = time.perf_counter()
+        for _ in range(n):
+            f.write(data)
+        elapsed = time.perf_counter() - start
+    path.unlink()
+    return elapsed
+
+
+def bench_dispatch(directory: Path) -> tuple[float, int]:
+    """Seconds for one dispatcher to build every ConsumeQueue of an existing log from scratch."""
+    commit_log = CommitLog(directory / "commitlog", SEGMENT)
+    commit_log.write_position = commit_log.segments[-1].end
+    cq_dir = directory / "consumequeue-rebuild"
+    shutil.rmtree(cq_dir, ignore_errors=True)
+    queues = ConsumeQueueStore(cq_dir)
+    dispatcher = Dispatcher(commit_log, [queues], commit_log.min_offset)
+    start = time.perf_counter()
+    entries = dispatcher.dispatch_until(commit_log.write_position, notify=False)
+    elapsed = time.perf_counter() - start
+    queues.close()
+    commit_log.close()
+    return elapsed, entries
+
+
+def bench_sync(root: Path, putters: int, per_putter: int) -> tuple[float, int, int]:
+    directory = root / f"sync-{putters}"
+    with MessageStore(directory, StoreConfig(segment_size=SEGMENT, flush="sync")) as store:
+        body = b"x" * 128
+        barrier = threading.Barrier(putters + 1)
+
+        def run(qid: int) -> None:
+            barrier.wait()
+            for _ in range(per_putter):
+                store.put(Message(topic="sync", body=body, queue_id=qid % QUEUES))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(putters)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        start = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - start
+        fsyncs = store.group_commit.fsyncs
+    return elapsed, putters * per_putter, fsyncs
+
+
+def bench_sync_async(root: Path, putters: int, per_putter: int) -> tuple[float, int, int]:
+    """The same with asyncio tasks: each awaits a future the flush thread resolves."""
+    directory = root / f"sync-async-{putters}"
+
+    async def run() -> tuple[float, int]:
+        loop = asyncio.get_running_loop()
+        lock = threading.Lock()
+        ready: list = []
+
+        def drain() -> None:
+            with lock:
+                items = ready[:]
+                ready.clear()
+            for future, error in items:
+                future.set_exception(error) if error else future.set_result(None)
+
+        with MessageStore(directory, StoreConfig(segment_size=SEGMENT, flush="sync")) as store:
+
+            async def putter(qid: int) -> None:
+                message = Message(topic="sync", body=b"x" * 128, queue_id=qid % QUEUES)
+                for _ in range(per_putter):
+                    future = loop.create_future()
+
+                    def on_durable(result, error, future=future):
+                        with lock:
+                            ready.append((future, error))
+                            first = len(ready) == 1
+                        if first:
+                            loop.call_soon_threadsafe(drain)
+
+                    store.put(message, on_durable=on_durable)
+                    await future
+
+            start = time.perf_counter()
+            await asyncio.gather(*(putter(i) for i in range(putters)))
+            return time.perf_counter() - start, store.group_commit.fsyncs
+
+    elapsed, fsyncs = asyncio.run(run())
+    return elapsed, putters * per_putter, fsyncs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--sync-seconds", type=float, default=3.0, help="rough duration of each sync run")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    args = parser.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="tidemq-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"tidemq store benchmark: {args.messages} messages per run, directory {root}")
+    try:
+        results = {}
+        for body_size in (128, 1024):
+            elapsed, written = bench_append(root, body_size, args.messages)
+            b_elapsed, _ = bench_append(root, body_size, args.messages, batch=32)
+            plain = bench_plain(root, written, written // args.messages)
+            rate, b_rate = args.messages / elapsed, args.messages / b_elapsed
+            mbps, b_mbps = written / elapsed / 1e6, written / b_elapsed / 1e6
+            plain_mbps = written / plain / 1e6
+            d_elapsed, entries = bench_dispatch(root / f"append-{body_size}-1")
+            d_rate = entries / d_elapsed
+            results[body_size] = (rate, mbps, b_rate, b_mbps, plain_mbps, d_rate)
+            print(f"append {body_size:>5} B async, put:        {rate:>10,.0f} msg/s {mbps:>8.1f} MB/s")
+            print(f"append {body_size:>5} B async, put_batch 32: {b_rate:>10,.0f} msg/s {b_mbps:>8.1f} MB/s")
+            print(f"plain sequential writes, same bytes:  {written / (written // args.messages) / plain:>10,.0f} writes/s {plain_mbps:>8.1f} MB/s")
+            print(f"dispatch of that log, 1 dispatcher:  {d_rate:>10,.0f} entries/s ({d_rate / rate:.2f}x the put rate)")
+
+        sync = {}
+        for mode, bench in (("threads", bench_sync), ("asyncio", bench_sync_async)):
+            for putters in (1, 16, 64):
+                # size each run to roughly the same wall time from a short probe
+                probe_elapsed, _, _ = bench(root / "probe", putters, 20)
+                shutil.rmtree(root / "probe", ignore_errors=True)
+                per_putter = max(20, int(args.sync_seconds / probe_elapsed * 20))
+                elapsed, n, fsyncs = bench(root / mode, putters, per_putter)
+                shutil.rmtree(root / mode, ignore_errors=True)
+                sync[mode, putters] = n / elapsed
+                print(
+                    f"sync flush, {putters:>2} {mode} putter(s): {n / elapsed:>9,.0f} msg/s  "
+                    f"({n} messages, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} per fsync)"
+                )
+        print()
+        print("targets:")
+        r128, r1k = results[128], results[1024]
+        print(f"  1 KiB append bandwidth / plain writes: put {r1k[1] / r1k[4]:.2f}, put_batch {r1k[3] / r1k[4]:.2f} (target >= 0.50)")
+        print(f"  128 B appends: put {r128[0]:,.0f} msg/s, put_batch {r128[2]:,.0f} msg/s (target >= 150,000)")
+        print(f"  dispatch / put rate, 128 B: {r128[5] / r128[0]:.2f}x; 1 KiB: {r1k[5] / r1k[0]:.2f}x (target >= 3x)")
+        for mode in ("threads", "asyncio"):
+            print(f"  64 sync putters / 1 sync putter, {mode}: {sync[mode, 64] / sync[mode, 1]:.1f}x (target >= 20x)")
+    finally:
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
