@@ -77,7 +77,9 @@ class _QueueFile:
 class ConsumeQueue:
     """One queue's 20-byte-unit files.  Not safe for two writers; readers may be on any thread."""
 
-    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE) -> None:
+    def __init__(
+        self, root: Path, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE, load: bool = True
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.directory = Path(root) / topic / str(queue_id)
@@ -89,7 +91,8 @@ class ConsumeQueue:
         self.commit_frontier = 0  # exclusive: slots below it are all written
         self._pending: set[int] = set()  # written slots above the frontier
         self.max_physical_offset = 0  # end of the furthest commit-log record indexed
-        self._load()
+        if load:  # load=False: parallel dispatch adopts files its workers are writing (adopt_files)
+            self._load()
 
     # -- loading and recovery -------------------------------------------------------------
 
@@ -125,6 +128,11 @@ class ConsumeQueue:
                     last = real[-1]
                     self.max_physical_offset = int(last["offset"]) + int(last["size"])
             if count < len(units):
+                # units after the hole were written out of order (parallel dispatch) and never
+                # committed: zero them, so that a later load cannot take them for entries
+                tail = units[count:]
+                if tail["offset"].any() or tail["size"].any() or tail["tags_code"].any():
+                    qf.mm[count * UNIT_SIZE :] = bytes(self.file_size - count * UNIT_SIZE)
                 break
         # files after a hole hold nothing reachable; drop them
         for qf in [f for f in self._files if f.start > frontier]:
@@ -224,6 +232,51 @@ class ConsumeQueue:
                 frontier += 1
             self.commit_frontier = frontier
             return True
+
+    def commit_range(self, first: int, end: int) -> bool:
+        """Mark the written slots [first, end) as complete (parallel dispatch: a batch's slots of
+        this queue); True if the frontier moved.  The files they are in must exist."""
+        if end <= first:
+            return False
+        self._file_for(end - 1, create=True)  # map files a worker process created
+        with self._lock:
+            frontier = self.commit_frontier
+            if first > frontier:
+                self._pending.update(range(first, end))
+                return False
+            if end <= frontier:
+                return False
+            frontier = end
+            pending = self._pending
+            while frontier in pending:
+                pending.remove(frontier)
+                frontier += 1
+            self.commit_frontier = frontier
+            return True
+
+    def adopt_files(self, first_offset: int) -> None:
+        """Start a new queue at `first_offset` whose files parallel-dispatch workers have been
+        writing (built with load=False): map them as they are, trusting none of their units, and
+        pad the slots below `first_offset` in its file with the blank unit."""
+        if self._files:
+            raise ValueError(f"{self.topic}/{self.queue_id} already has files")
+        start = first_offset - first_offset % self.units_per_file
+        if self.directory.is_dir():
+            for path in sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20):
+                if int(path.name) // UNIT_SIZE >= start and int(path.name) % self.file_size == 0:
+                    self._files.append(_QueueFile(path, int(path.name) // UNIT_SIZE, self.file_size, create=False))
+        if not self._files or self._files[0].start != start:
+            for qf in self._files:
+                qf.close()
+            self._files.clear()
+            self._add_file(start)
+        count = first_offset - start
+        if count:
+            self._files[0].mm[0 : count * UNIT_SIZE] = BLANK_UNIT * count
+        with self._lock:
+            self.min_offset = first_offset
+            self.commit_frontier = first_offset
+            self._pending.clear()
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write and commit one unit (sequential dispatch); True if the frontier moved."""

@@ -1,0 +1,292 @@
+"""IndexFile: one file of the key index, RocketMQ's layout (spec §7).
+
+Byte layout (big-endian):
+
+    header   40 bytes   beginTs i64, endTs i64, beginPhy i64, endPhy i64,
+                        hashSlotCount i32, indexCount i32 (starts at 1: entry 0 is never used)
+    slots    hash_slots × 4 bytes   i32: the newest entry of the slot's chain, 0 = empty
+    entries  max_entries × 20 bytes keyHash i32 + phyOffset i64 + timeDiff i32 + prevIndex i32
+                                    = 4 + 8 + 4 + 4 = 20
+
+    size = 40 + hash_slots × 4 + max_entries × 20   (defaults 5,000,000 / 20,000,000: 420,000,040)
+    path = {store}/index/{yyyyMMddHHmmssSSS}         (UTC time of the file's first entry)
+
+keyHash = abs(Java String.hashCode("topic#key")), with Integer.MIN_VALUE → 0; slot = keyHash %
+hash_slots; timeDiff = whole seconds since beginTs, clamped to [0, 2^31 - 1].  A file holds at most
+max_entries - 1 entries; a full file is followed by a new one.
+
+Entries are appended in commit-log order, a batch at a time with NumPy (the chains of one batch
+are linked with a stable sort by slot), so a file is a pure function of the entries given to it:
+rebuilding after a crash produces the same bytes.  Ownership: one writer (the dispatch thread);
+queries may run on other threads and read a consistent header because it is written last.
+"""
+
+from __future__ import annotations
+
+import datetime
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .record import java_string_hash
+
+HEADER = struct.Struct(">qqqqii")
+HEADER_SIZE = HEADER.size  # 8 × 4 + 4 + 4 = 40
+SLOT_SIZE = 4
+ENTRY = struct.Struct(">iqii")
+ENTRY_SIZE = ENTRY.size  # 4 + 8 + 4 + 4 = 20
+ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE and HEADER_SIZE == 40
+
+DEFAULT_HASH_SLOTS = 5_000_000
+DEFAULT_MAX_ENTRIES = 20_000_000
+INT_MAX = 0x7FFFFFFF
+
+
+def file_size(hash_slots: int, max_entries: int) -> int:
+    return HEADER_SIZE + hash_slots * SLOT_SIZE + max_entries * ENTRY_SIZE
+
+
+def file_name(timestamp_ms: int) -> str:
+    """yyyyMMddHHmmssSSS (UTC) of a store timestamp."""
+    moment = datetime.datetime.fromtimestamp(max(timestamp_ms, 0) / 1000, tz=datetime.timezone.utc)
+    return moment.strftime("%Y%m%d%H%M%S") + f"{timestamp_ms % 1000:03d}"
+
+
+def index_key(topic: str, key: str) -> str:
+    return f"{topic}#{key}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Key hashes
+
+
+_POW31 = np.ones(1, dtype=np.uint32)
+
+
+def _powers_of_31(n: int) -> np.ndarray:
+    """31**i mod 2**32 for i < n."""
+    global _POW31
+    if len(_POW31) < n:
+        size = max(n, 2 * len(_POW31))
+        powers = np.empty(size, dtype=np.uint64)
+        value = 1
+        for i in range(size):
+            powers[i] = value
+            value = (value * 31) & 0xFFFFFFFF
+        _POW31 = powers.astype(np.uint32)
+    return _POW31
+
+
+def key_hash(text: str) -> int:
+    """abs(Java hashCode) as IndexFile stores it; Integer.MIN_VALUE maps to 0."""
+    h = java_string_hash(text)
+    return 0 if h == -0x80000000 else abs(h)
+
+
+def key_hashes(texts: list[str]) -> np.ndarray:
+    """`key_hash` of many strings at once (int32): NumPy for ASCII strings, one by one otherwise."""
+    n = len(texts)
+    out = np.zeros(n, dtype=np.int64)
+    if not n:
+        return out.astype(np.int32)
+    ascii_positions = [i for i, t in enumerate(texts) if t and t.isascii()]
+    if len(ascii_positions) != n:
+        for i, t in enumerate(texts):
+            if not (t and t.isascii()):
+                out[i] = java_string_hash(t)
+    if ascii_positions:
+        chosen = texts if len(ascii_positions) == n else [texts[i] for i in ascii_positions]
+        lengths = np.fromiter((len(t) for t in chosen), dtype=np.int64, count=len(chosen))
+        chars = np.frombuffer("".join(chosen).encode("ascii"), dtype=np.uint8).astype(np.uint32)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        # weight of a character: 31 ** (characters after it in its string), all mod 2**32
+        after = np.repeat(ends, lengths) - 1 - np.arange(len(chars), dtype=np.int64)
+        products = chars * _powers_of_31(int(lengths.max()))[after]
+        sums = np.add.reduceat(products, starts, dtype=np.uint32)
+        out[np.asarray(ascii_positions, dtype=np.int64)] = sums.view(np.int32)
+    signed = out.astype(np.uint32).view(np.int32).astype(np.int64)
+    signed = np.abs(signed)
+    signed[signed > INT_MAX] = 0  # abs(Integer.MIN_VALUE) is negative in Java: RocketMQ uses 0
+    return signed.astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class IndexFile:
+    def __init__(self, path: Path, hash_slots: int, max_entries: int, create: bool, read_only: bool = False) -> None:
+        self.path = Path(path)
+        if create:
+            size = file_size(hash_slots, max_entries)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, size)
+                self.mm = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            HEADER.pack_into(self.mm, 0, 0, 0, 0, 0, hash_slots, 1)
+        else:
+            fd = os.open(self.path, os.O_RDONLY if read_only else os.O_RDWR)
+            try:
+                size = os.fstat(fd).st_size
+                if size < HEADER_SIZE:
+                    raise ValueError(f"index file {self.path} is {size} bytes, shorter than its header")
+                self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
+            finally:
+                os.close(fd)
+            hash_slots = HEADER.unpack_from(self.mm, 0)[4]
+            if hash_slots <= 0 or HEADER_SIZE + hash_slots * SLOT_SIZE + ENTRY_SIZE > size:
+                self.mm.close()
+                raise ValueError(f"index file {self.path}: hash slot count {hash_slots} does not fit {size} bytes")
+            max_entries = (size - HEADER_SIZE - hash_slots * SLOT_SIZE) // ENTRY_SIZE
+        self.hash_slots = hash_slots
+        self.max_entries = max_entries
+        self.slots = np.frombuffer(self.mm, dtype=">i4", count=hash_slots, offset=HEADER_SIZE)
+        self.entries = np.frombuffer(
+            self.mm, dtype=ENTRY_DTYPE, count=max_entries, offset=HEADER_SIZE + hash_slots * SLOT_SIZE
+        )
+
+    # -- header -----------------------------------------------------------------------------------
+
+    def header(self) -> tuple[int, int, int, int, int, int]:
+        """(beginTs, endTs, beginPhy, endPhy, hashSlotCount, indexCount)."""
+        return HEADER.unpack_from(self.mm, 0)
+
+    @property
+    def begin_timestamp(self) -> int:
+        return self.header()[0]
+
+    @property
+    def end_timestamp(self) -> int:
+        return self.header()[1]
+
+    @property
+    def end_phy(self) -> int:
+        return self.header()[3]
+
+    @property
+    def index_count(self) -> int:
+        return self.header()[5]
+
+    @property
+    def entry_count(self) -> int:
+        return max(0, self.index_count - 1)
+
+    @property
+    def is_full(self) -> bool:
+        return self.index_count >= self.max_entries
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def append(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray) -> int:
+        """Append entries (commit-log order); returns how many fitted."""
+        begin_ts, end_ts, begin_phy, end_phy, slots_count, count = self.header()
+        count = max(count, 1)
+        n = min(len(hashes), self.max_entries - count)
+        if n <= 0:
+            return 0
+        hashes = np.asarray(hashes[:n], dtype=np.int64)
+        phys = np.asarray(phys[:n], dtype=np.int64)
+        timestamps = np.asarray(timestamps[:n], dtype=np.int64)
+        if count == 1:
+            begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
+        index = np.arange(count, count + n, dtype=np.int64)
+        slot = hashes % self.hash_slots
+        order = np.argsort(slot, kind="stable")
+        slot_sorted = slot[order]
+        index_sorted = index[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = slot_sorted[1:] != slot_sorted[:-1]
+        last = np.ones(n, dtype=bool)
+        last[:-1] = first[1:]
+        previous_sorted = np.empty(n, dtype=np.int64)
+        previous_sorted[1:] = index_sorted[:-1]
+        heads = self.slots[slot_sorted[first]].astype(np.int64)
+        heads[(heads <= 0) | (heads >= count)] = 0
+        previous_sorted[first] = heads
+        previous = np.empty(n, dtype=np.int64)
+        previous[order] = previous_sorted
+        diffs = (timestamps - begin_ts) // 1000 if begin_ts > 0 else np.zeros(n, dtype=np.int64)
+        block = self.entries[count : count + n]
+        block["hash"] = hashes
+        block["phy"] = phys
+        block["time_diff"] = np.clip(diffs, 0, INT_MAX)
+        block["prev"] = previous
+        self.slots[slot_sorted[last]] = index_sorted[last]
+        HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[-1]), begin_phy, int(phys[-1]), slots_count, count + n)
+        return n
+
+    def truncate(self, commit_log_end: int, store_time_of) -> int:
+        """Drop the entries of records at or past `commit_log_end`, restoring the chains, the
+        header and the zeros exactly as they were before those entries; returns how many."""
+        begin_ts, end_ts, begin_phy, end_phy, slots_count, count = self.header()
+        count = max(count, 1)
+        phys = self.entries["phy"][1:count].astype(np.int64)
+        keep = 1 + int(np.searchsorted(phys, commit_log_end, side="left"))
+        # entries past indexCount may exist (a crash between an entry and the header): drop them too
+        written_end = count
+        while written_end < self.max_entries and self.entries[written_end]["hash"] | self.entries[written_end]["phy"]:
+            written_end += 1
+        if keep == count and written_end == count:
+            return 0
+        previous = self.entries["prev"].astype(np.int64)
+        heads = self.slots.astype(np.int64)
+        moved = heads >= keep
+        while moved.any():
+            where = np.nonzero(moved)[0]
+            current = heads[where]
+            current = np.where(current < self.max_entries, current, 0)
+            back = previous[current]
+            back = np.where(back < current, back, 0)  # chains only go back; anything else is damage
+            heads[where] = back
+            moved = heads >= keep
+        self.slots[:] = heads
+        self.entries[keep:written_end] = np.zeros(written_end - keep, dtype=ENTRY_DTYPE)
+        if keep == 1:
+            HEADER.pack_into(self.mm, 0, 0, 0, 0, 0, slots_count, 1)
+        else:
+            last_phy = int(self.entries[keep - 1]["phy"])
+            last_ts = store_time_of(last_phy)
+            if last_ts is None:
+                last_ts = begin_ts + 1000 * int(self.entries[keep - 1]["time_diff"])
+            HEADER.pack_into(self.mm, 0, begin_ts, last_ts, begin_phy, last_phy, slots_count, keep)
+        return written_end - keep
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def lookup(self, hash_value: int, begin: int, end: int, max_num: int) -> list[int]:
+        """Commit-log offsets of entries with this key hash stored within [begin, end], newest
+        first (the caller checks the records: different keys may share a hash)."""
+        begin_ts, _, _, _, _, count = self.header()
+        found: list[int] = []
+        index = int(self.slots[hash_value % self.hash_slots])
+        steps = 0
+        while 0 < index < count and len(found) < max_num and steps < count:
+            h, phy, diff, previous = self.entries[index].tolist()
+            stored = begin_ts + 1000 * diff
+            if h == hash_value and begin <= stored <= end:
+                found.append(phy)
+            if previous >= index:
+                break
+            index = previous
+            steps += 1
+        return found
+
+    def flush(self) -> None:
+        self.mm.flush()
+
+    def close(self) -> None:
+        del self.slots, self.entries
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)

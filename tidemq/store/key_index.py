@@ -1,0 +1,236 @@
+"""The key index: a dispatch sink that indexes each message's UNIQ_KEY and every KEYS entry, so a
+message can be found by its client id or a business key (RocketMQ's IndexService over
+`index_file.IndexFile`s; spec §7).
+
+    {store}/index/{yyyyMMddHHmmssSSS}   one IndexFile each, oldest first; the newest takes entries
+
+Entries are appended in commit-log order, so `indexed_until` (the end of the last record handed
+to the index) is a true prefix: recovery re-dispatches from there and the index skips any record
+below it, so an entry is never indexed twice.  ROLLBACK records are not indexed.
+
+Recovery (spec §6): after an abnormal exit, files whose endTs is newer than the checkpoint's index
+timestamp are destroyed (they may not have reached the disk) and rebuilt; then every file is cut
+back to the recovered log end, restoring its chains and header exactly.
+
+Ownership: the dispatch thread appends (`dispatch` or `append_entries`), and the maintenance
+thread flushes; `_lock` guards the file list for queries on other threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from . import record
+from .dispatch import DispatchRequest, QueueKey
+from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, file_name, key_hash, key_hashes
+
+log = logging.getLogger(__name__)
+
+MAX_QUERY_RESULTS = 64  # maxMsgsNumBatch
+
+
+def _index_paths(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 17)
+
+
+class KeyIndex:
+    name = "key_index"
+
+    def __init__(
+        self, directory: Path, hash_slots: int = DEFAULT_HASH_SLOTS, max_entries: int = DEFAULT_MAX_ENTRIES,
+        read_only: bool = False,
+    ) -> None:
+        if hash_slots < 1 or max_entries < 2:
+            raise ValueError(f"an index file needs at least 1 hash slot and 2 entries, not {hash_slots}/{max_entries}")
+        self.directory = Path(directory)
+        self.hash_slots = hash_slots
+        self.max_entries = max_entries
+        self.read_only = read_only
+        self._lock = threading.Lock()
+        self.files: list[IndexFile] = []
+        self.indexed_until = 0  # every record below this commit-log offset has been handed over
+        self.last_store_timestamp = 0
+        for path in _index_paths(self.directory):
+            try:
+                self.files.append(IndexFile(path, hash_slots, max_entries, create=False, read_only=read_only))
+            except (OSError, ValueError) as exc:
+                log.warning("index file %s is unusable (%s); it is ignored%s", path, exc,
+                            "" if read_only else " and will be rebuilt")
+                if not read_only:
+                    path.rename(path.with_name(path.name + ".bad"))
+        if self.files:
+            self.last_store_timestamp = self.files[-1].end_timestamp
+
+    # -- recovery -----------------------------------------------------------------------------------
+
+    def recover(
+        self,
+        log_end: int,
+        log_start: int,
+        abnormal: bool,
+        checkpoint_timestamp: int,
+        store_time_of: Callable[[int], int | None],
+        record_end_of: Callable[[int], int | None],
+    ) -> None:
+        """Make the index a prefix of the recovered log and set `indexed_until`."""
+        with self._lock:
+            if abnormal:
+                while self.files and self.files[-1].end_timestamp > checkpoint_timestamp:
+                    doomed = self.files.pop()
+                    log.info("key index: destroying %s (end %d newer than the checkpoint's %d); it is rebuilt",
+                             doomed.path.name, doomed.end_timestamp, checkpoint_timestamp)
+                    doomed.destroy()
+            while self.files:
+                last = self.files[-1]
+                dropped = last.truncate(log_end, store_time_of)
+                if dropped:
+                    log.info("key index: dropped %d entries of %s past commit-log offset %d", dropped, last.path.name, log_end)
+                if last.entry_count:
+                    break
+                self.files.pop().destroy()
+        covered = log_start
+        if self.files:
+            end = record_end_of(self.files[-1].end_phy)
+            covered = end if end is not None else self.files[-1].end_phy
+        self.indexed_until = min(max(covered, log_start), log_end)
+        self.last_store_timestamp = self.files[-1].end_timestamp if self.files else 0
+
+    # -- the sink protocol ------------------------------------------------------------------------------
+
+    def dispatch(self, requests: list[DispatchRequest], changes: dict[QueueKey, int]) -> None:
+        texts: list[str] = []
+        phys: list[int] = []
+        times: list[int] = []
+        skip_below = self.indexed_until
+        end = skip_below
+        for req in requests:
+            if req.commit_log_offset < skip_below:
+                continue
+            end = req.commit_log_offset + req.size
+            if req.sysflag & record.TRANSACTION_TYPE_MASK == record.TRANSACTION_ROLLBACK:
+                continue
+            for key in _keys_of(req.unique_key, req.keys):
+                texts.append(f"{req.topic}#{key}")
+                phys.append(req.commit_log_offset)
+                times.append(req.store_timestamp)
+        if requests:
+            self.last_store_timestamp = requests[-1].store_timestamp
+        if texts:
+            self.append_entries(key_hashes(texts), np.asarray(phys, np.int64), np.asarray(times, np.int64), end)
+        else:
+            self.indexed_until = max(self.indexed_until, end)
+
+    def append_entries(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, end: int) -> None:
+        """Append entries in log order (records below `indexed_until` are skipped); `end` is
+        the commit-log offset they cover up to."""
+        if len(phys) and int(phys[0]) < self.indexed_until:
+            keep = np.asarray(phys) >= self.indexed_until
+            hashes, phys, timestamps = hashes[keep], phys[keep], timestamps[keep]
+        done = 0
+        total = len(hashes)
+        while done < total:
+            current = self.files[-1] if self.files else None
+            if current is None or current.is_full:
+                current = self._new_file(int(timestamps[done]))
+            done += current.append(hashes[done:], phys[done:], timestamps[done:])
+        if total:
+            self.last_store_timestamp = int(timestamps[-1])
+        self.indexed_until = max(self.indexed_until, end)
+
+    def _new_file(self, first_timestamp: int) -> IndexFile:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.files:
+            self.files[-1].flush()
+        stamp = max(first_timestamp, 0)
+        names = {f.path.name for f in self.files}
+        while file_name(stamp) in names or (self.directory / file_name(stamp)).exists():
+            stamp += 1  # two files starting in the same millisecond
+        created = IndexFile(self.directory / file_name(stamp), self.hash_slots, self.max_entries, create=True)
+        with self._lock:
+            self.files.append(created)
+        return created
+
+    def covered_offset(self) -> int:
+        return self.indexed_until
+
+    def truncate(self, commit_log_end: int) -> None:
+        with self._lock:
+            while self.files:
+                last = self.files[-1]
+                last.truncate(commit_log_end, lambda phy: None)
+                if last.entry_count:
+                    break
+                self.files.pop().destroy()
+        self.indexed_until = min(self.indexed_until, commit_log_end)
+
+    def flush(self) -> int:
+        """Make every entry durable; returns the store time they cover (the checkpoint's index
+        timestamp)."""
+        with self._lock:
+            files = list(self.files[-2:])
+        for f in files:
+            f.flush()
+        return files[-1].end_timestamp if files else 0
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self.files:
+                f.close()
+            self.files.clear()
+
+    # -- queries -----------------------------------------------------------------------------------------
+
+    def lookup(self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = MAX_QUERY_RESULTS) -> list[int]:
+        """Commit-log offsets of records that may carry `key` in `topic`, stored within [begin,
+        end] (ms), newest first.  Entries keep whole seconds, so candidates are checked against
+        the records by `query`."""
+        hash_value = key_hash(f"{topic}#{key}")
+        found: list[int] = []
+        with self._lock:
+            files = list(self.files)
+        for f in reversed(files):
+            begin_ts, end_ts = f.begin_timestamp, f.end_timestamp
+            if end_ts < begin - 1000 or begin_ts > end:
+                continue
+            for phy in f.lookup(hash_value, begin - 1000, end, 4 * max_num):
+                if phy not in found:
+                    found.append(phy)
+            if begin_ts < begin:
+                break
+        return found
+
+
+def _keys_of(unique_key: str | None, keys: Iterable[str]) -> list[str]:
+    out = [unique_key] if unique_key else []
+    out.extend(keys)
+    return out
+
+
+def record_matches(rec: record.Record, topic: str, key: str, begin: int, end: int) -> bool:
+    """Does the record really carry `key` in `topic`, stored within [begin, end]?"""
+    if rec.topic != topic or not begin <= rec.store_timestamp <= end:
+        return False
+    return key == rec.unique_key or key in rec.keys
+
+
+def query(
+    index: KeyIndex, read_record: Callable[[int], record.Record | None], topic: str, key: str,
+    begin: int = 0, end: int = 2**63 - 1, max_num: int = MAX_QUERY_RESULTS,
+) -> list[record.Record]:
+    """Records of `topic` carrying `key` (UNIQ_KEY or a KEYS entry) stored within [begin, end],
+    newest first, at most `max_num`."""
+    out = []
+    for phy in index.lookup(topic, key, begin, end, max_num):
+        rec = read_record(phy)
+        if rec is not None and record_matches(rec, topic, key, begin, end):
+            out.append(rec)
+            if len(out) >= max_num:
+                break
+    return out

@@ -1,0 +1,667 @@
+"""Parallel, order-preserving dispatch (RIP-52) with worker processes.
+
+CPython threads would serialise on the GIL, so the work runs in **worker processes** that share
+the store's files through their own mappings:
+
+- The coordinator (the store's dispatch thread) walks only the record headers (size and magic,
+  like RocketMQ's reput pre-check) from `_cut_offset` and cuts record-aligned **batches** of at
+  most `batch_bytes`, numbered in log order.  A blank ends a segment's last batch.
+- A worker (`BatchBuilder`) maps the commit-log segment read-only, decodes each record with the
+  shared codec, and writes its ConsumeQueue unit **at its slot** (queue offsets were assigned at
+  append time) through its own mapping of the queue file, creating files as needed.  For the key
+  index it computes the entries (hash of `topic#key`, commit-log offset, store time) but does not
+  write them.  It answers with, per queue, the slots it wrote, and the index entries.
+- The coordinator commits each batch's slots as soon as the batch's answer arrives, in any order:
+  `ConsumeQueue.commit_range` moves a queue's commit frontier only over contiguous written slots,
+  so readers and long-polling listeners (told only of frontier moves) never see a gap or a
+  reordering.  Index entries are appended, and `dispatched_offset` advances, strictly in batch
+  order: `dispatched_offset` is the end of the longest prefix of completely built batches, which is
+  what the checkpoint records and what recovery restarts from.
+- A queue the coordinator has never seen is started (`ConsumeQueue.adopt_files`) only when its
+  first batch is the oldest outstanding one, because only then is its first slot known.
+
+Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
+the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
+start on first need (forkserver: no fork of the threaded store process) and are replaced if one
+dies; its batches are built again, which rewrites the same bytes.
+
+Ownership: one coordinator thread calls `dispatch_until`; workers write disjoint 20-byte slots and
+create queue files with O_CREAT + ftruncate to the common size (idempotent); only the coordinator
+touches `ConsumeQueue` objects, the key index and the listeners.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import multiprocessing
+import multiprocessing.connection
+import os
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from . import record
+from .commit_log import CommitLog
+from .consume_queue import UNIT, UNIT_SIZE, ConsumeQueue, file_name
+from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchRequest, DispatchStats, QueueKey
+from .index_file import key_hashes
+
+log = logging.getLogger(__name__)
+
+_SIZE_MAGIC = struct.Struct(">ii")
+_MESSAGE_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
+MIN_RECORD_SIZE = 91
+
+DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
+DEFAULT_INLINE_BYTES = 64 << 10
+
+
+@dataclass(slots=True, frozen=True)
+class BatchTask:
+    batch_id: int
+    segment_path: str
+    segment_start: int
+    segment_size: int
+    begin: int  # commit-log offsets, record-aligned, inside the segment
+    end: int
+
+
+@dataclass(slots=True)
+class BatchResult:
+    batch_id: int
+    begin: int
+    end: int  # where building stopped: the task's end unless `error`
+    error: str | None
+    records: int
+    last_store_timestamp: int
+    # (topic, queue id, first slot, slot count, extra slots or None): the slots written, in order
+    # [first, first + count) followed by `extra` when the queue's slots were not contiguous
+    queues: list[tuple[str, int, int, int, list[int] | None]]
+    index_hashes: np.ndarray
+    index_phys: np.ndarray
+    index_timestamps: np.ndarray
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a batch (worker side; also used inline by the coordinator)
+
+
+class BatchBuilder:
+    """Decodes one batch of records and writes their ConsumeQueue units at their slots through
+    its own file mappings.  Caches segment and queue-file mappings between batches."""
+
+    MAX_QUEUE_FILES = 4096
+    MAX_SEGMENTS = 4
+
+    def __init__(self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
+        self.root = Path(consume_queue_root)
+        self.default_units_per_file = default_units_per_file
+        self.index_enabled = index_enabled
+        self._segments: dict[str, mmap.mmap] = {}
+        self._units_per_file: dict[QueueKey, int] = {}
+        self._files: dict[tuple[str, int, int], mmap.mmap] = {}
+
+    def _segment(self, task: BatchTask) -> mmap.mmap:
+        mm = self._segments.get(task.segment_path)
+        if mm is None:
+            if len(self._segments) >= self.MAX_SEGMENTS:
+                oldest = next(iter(self._segments))
+                self._segments.pop(oldest).close()
+            with open(task.segment_path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), task.segment_size, access=mmap.ACCESS_READ)
+            self._segments[task.segment_path] = mm
+        return mm
+
+    def _queue_units_per_file(self, key: QueueKey) -> int:
+        upf = self._units_per_file.get(key)
+        if upf is None:
+            directory = self.root / key[0] / str(key[1])
+            upf = self.default_units_per_file
+            if directory.is_dir():
+                sizes = [p.stat().st_size for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 20]
+                if sizes and max(sizes) >= UNIT_SIZE:
+                    upf = max(sizes) // UNIT_SIZE  # an existing queue keeps its file size
+            self._units_per_file[key] = upf
+        return upf
+
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
+        if len(self._files) >= self.MAX_QUEUE_FILES:
+            self.close_queue_files()
+        directory = self.root / topic / str(queue_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        size = upf * UNIT_SIZE
+        fd = os.open(directory / file_name(file_start * UNIT_SIZE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # every creator extends to the same size: idempotent
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._files[(topic, queue_id, file_start)] = mm
+        return mm
+
+    def build(self, task: BatchTask) -> BatchResult:
+        mm = self._segment(task)
+        base = task.segment_start
+        pos = task.begin - base
+        stop = task.end - base
+        decode = record.decode
+        Record = record.Record
+        tags_code = record.tags_code
+        unit_pack = UNIT.pack_into
+        files = self._files
+        upf_of = self._units_per_file
+        index = self.index_enabled
+        key_texts: list[str] = []
+        key_phys: list[int] = []
+        key_times: list[int] = []
+        # key -> [first, next expected, extra slots or None]
+        written: dict[QueueKey, list] = {}
+        records = 0
+        last_ts = 0
+        error = None
+        while pos < stop:
+            rec = decode(mm, pos, base_offset=base, check_crc=False, read_body=False)
+            if type(rec) is not Record:
+                error = f"{type(rec).__name__} at commit-log offset {base + pos}" + (
+                    f": {rec.reason}" if type(rec) is record.Invalid else ""
+                )
+                break
+            kind = rec.sysflag & record.TRANSACTION_TYPE_MASK
+            properties = rec.properties
+            if kind == record.TRANSACTION_NOT or kind == record.TRANSACTION_COMMIT:
+                topic = rec.topic
+                queue_id = rec.queue_id
+                slot = rec.queue_offset
+                key = (topic, queue_id)
+                upf = upf_of.get(key) or self._queue_units_per_file(key)
+                file_start = slot - slot % upf
+                qmm = files.get((topic, queue_id, file_start))
+                if qmm is None:
+                    qmm = self._queue_file(topic, queue_id, file_start, upf)
+                unit_pack(qmm, (slot - file_start) * UNIT_SIZE, rec.commit_log_offset, rec.total_size, tags_code(properties.get(record.PROPERTY_TAGS)))
+                state = written.get(key)
+                if state is None:
+                    written[key] = [slot, slot + 1, None]
+                elif state[1] == slot and state[2] is None:
+                    state[1] = slot + 1
+                else:
+                    if state[2] is None:
+                        state[2] = []
+                    state[2].append(slot)
+            if index and kind != record.TRANSACTION_ROLLBACK:
+                topic = rec.topic
+                uniq = properties.get(record.PROPERTY_UNIQ_KEY)
+                if uniq:
+                    key_texts.append(f"{topic}#{uniq}")
+                    key_phys.append(rec.commit_log_offset)
+                    key_times.append(rec.store_timestamp)
+                keys = properties.get(record.PROPERTY_KEYS)
+                if keys:
+                    for k in keys.split(record.KEY_SEPARATOR):
+                        if k:
+                            key_texts.append(f"{topic}#{k}")
+                            key_phys.append(rec.commit_log_offset)
+                            key_times.append(rec.store_timestamp)
+            records += 1
+            last_ts = rec.store_timestamp
+            pos += rec.total_size
+        queues = [(k[0], k[1], s[0], s[1] - s[0], s[2]) for k, s in written.items()]
+        return BatchResult(
+            batch_id=task.batch_id,
+            begin=task.begin,
+            end=base + pos,
+            error=error,
+            records=records,
+            last_store_timestamp=last_ts,
+            queues=queues,
+            index_hashes=key_hashes(key_texts),
+            index_phys=np.asarray(key_phys, dtype=np.int64),
+            index_timestamps=np.asarray(key_times, dtype=np.int64),
+        )
+
+    def close_queue_files(self) -> None:
+        for mm in self._files.values():
+            mm.close()
+        self._files.clear()
+
+    def close(self) -> None:
+        self.close_queue_files()
+        for mm in self._segments.values():
+            mm.close()
+        self._segments.clear()
+
+
+def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
+    """A worker process: build each task it receives and send back the result; None stops it."""
+    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
+    try:
+        while True:
+            try:
+                task = conn.recv()
+            except EOFError:
+                return
+            if task is None:
+                return
+            try:
+                result = builder.build(task)
+            except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
+                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, [],
+                                     np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+            conn.send(result)
+    finally:
+        builder.close()
+
+
+class _Worker:
+    """A worker process (`python -m tidemq.store.parallel_dispatch`, talking pickled messages over
+    two pipes): a fresh interpreter, so the threaded store process is never forked and the
+    caller's main module is never re-imported."""
+
+    __slots__ = ("process", "conn", "tasks")
+
+    def __init__(self, consume_queue_root: str, units_per_file: int, index_enabled: bool) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tidemq.store.parallel_dispatch", str(to_child_r), str(from_child_w),
+                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0"],
+                pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self.conn = _Channel(from_child_r, to_child_w)
+        self.tasks: dict[int, BatchTask] = {}
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+class _Channel:
+    """Both ends of a worker's pipes as one duplex connection."""
+
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.reader = multiprocessing.connection.Connection(read_fd, writable=False)
+        self.writer = multiprocessing.connection.Connection(write_fd, readable=False)
+
+    def send(self, obj) -> None:
+        self.writer.send(obj)
+
+    def recv(self):
+        return self.reader.recv()
+
+    def poll(self) -> bool:
+        return self.reader.poll()
+
+    def fileno(self) -> int:
+        return self.reader.fileno()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The coordinator
+
+
+@dataclass(slots=True)
+class SinkProgress:
+    """How far one sink is built: everything below `offset` is indexed; the newest record
+    indexed was stored at `last_store_timestamp`."""
+
+    offset: int
+    last_store_timestamp: int = 0
+
+
+class ParallelDispatcher:
+    """Drop-in for `Dispatcher` (dispatched_offset, listeners, stats, dispatch_until) building
+    batches with `workers` processes."""
+
+    def __init__(
+        self,
+        commit_log: CommitLog,
+        queues: ConsumeQueueStore,
+        key_index=None,
+        start_offset: int = 0,
+        workers: int = 2,
+        *,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        inline_bytes: int = DEFAULT_INLINE_BYTES,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"dispatch workers must be at least 1, not {workers}")
+        self.commit_log = commit_log
+        self.queues = queues
+        self.key_index = key_index
+        self.sinks = [queues] + ([key_index] if key_index is not None else [])
+        self.extra_sinks: list = []  # other sinks get DispatchRequests in log order (decoded here)
+        self.worker_count = workers
+        self.batch_bytes = batch_bytes
+        self.inline_bytes = inline_bytes
+        self.dispatched_offset = start_offset
+        self.listeners: list[ArrivalListener] = []
+        self.stats = DispatchStats()
+        self.progress = {sink.name: SinkProgress(start_offset) for sink in self.sinks}
+        self.limit_source: Callable[[], int] | None = None  # re-read while dispatching, if set
+        self._cut_offset = start_offset
+        self._next_id = 0
+        self._head_id = 0
+        self._generation = 0
+        self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
+        self._done: dict[int, BatchResult] = {}  # answered, waiting for the batches before them
+        self._deferred: dict[int, list] = {}  # batch id -> queue entries of queues not yet started
+        self._answers: dict[int, BatchResult] = {}  # committed out of order, waiting to be the head
+        self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for a segment's last batch
+        self._stalled = False
+        self._workers: list[_Worker] = []
+        self._builder: BatchBuilder | None = None
+        self.inline_batches = 0
+        self.worker_batches = 0
+        self.workers_restarted = 0
+        self._closed = False
+
+    # -- the public face of Dispatcher ---------------------------------------------------------
+
+    def add_sink(self, sink) -> None:
+        self.extra_sinks.append(sink)
+        self.sinks.append(sink)
+        self.progress[sink.name] = SinkProgress(self.dispatched_offset)
+
+    def dispatch_until(self, limit: int, notify: bool = True) -> int:
+        """Dispatch every record wholly below `limit` (and below what `limit_source` says when
+        set); returns how many records were dispatched in order."""
+        total = 0
+        while True:
+            if self.limit_source is not None:
+                limit = max(limit, self.limit_source())
+            self._fill(limit)
+            if not self._tasks:
+                return total
+            changes: dict[QueueKey, int] = {}
+            for result in self._collect():
+                total += self._complete(result, changes)
+            if notify and changes:
+                for listener in self.listeners:
+                    try:
+                        listener(changes)
+                    except Exception:  # a listener's bug must not stop dispatch
+                        log.exception("arrival listener failed")
+            if self._stalled:
+                self._stalled = False
+                return total
+
+    # -- cutting batches ---------------------------------------------------------------------------
+
+    def _cut(self, limit: int, size: int) -> BatchTask | None:
+        """The next record-aligned batch from `_cut_offset`, or None if nothing is readable."""
+        offset = self._cut_offset
+        if offset < limit and offset < self.commit_log.min_offset:
+            offset = self._cut_offset = self.commit_log.min_offset
+            if not self._tasks:
+                self.dispatched_offset = offset
+        segment = self.commit_log.segment_for(offset)
+        if segment is None:
+            return None
+        mm = segment.mm
+        base = segment.start
+        seg_end = segment.end
+        pos = offset - base
+        hard_stop = min(limit, seg_end) - base
+        soft_stop = offset + size - base
+        unpack = _SIZE_MAGIC.unpack_from
+        magics = _MESSAGE_MAGICS
+        end_of_segment = False
+        while pos < hard_stop:
+            if pos + 8 > segment.size:
+                break
+            total, magic = unpack(mm, pos)
+            if magic == record.BLANK_MAGIC_CODE:
+                end_of_segment = pos + total == segment.size
+                break
+            if magic not in magics or total < MIN_RECORD_SIZE or pos + total > hard_stop:
+                break  # not written yet, or damage the worker will report; never skip past it
+            if pos + total > soft_stop and pos > offset - base:
+                break
+            pos += total
+        end = base + pos
+        if end == offset and not end_of_segment:
+            return None
+        task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, end)
+        self._next_id += 1
+        self._cut_offset = seg_end if end_of_segment else end
+        if end_of_segment:
+            # the blank belongs to this batch: the dispatched offset moves past it with the batch
+            self._blank_ends[task.batch_id] = seg_end
+        return task
+
+    def _fill(self, limit: int) -> None:
+        max_outstanding = 2 * self.worker_count
+        while len(self._tasks) < max_outstanding and self._cut_offset < limit:
+            backlog = limit - self._cut_offset
+            size = min(self.batch_bytes, max(self.inline_bytes, backlog // self.worker_count))
+            task = self._cut(limit, size)
+            if task is None:
+                break
+            self._tasks[task.batch_id] = task
+            if task.end == task.begin:
+                self._done[task.batch_id] = self._empty_result(task)
+            elif backlog <= self.inline_bytes and len(self._tasks) == 1:
+                self._done[task.batch_id] = self._build_inline(task)
+            else:
+                self._submit(task)
+
+    def _empty_result(self, task: BatchTask) -> BatchResult:
+        return BatchResult(task.batch_id, task.begin, task.end, None, 0, 0, [], np.zeros(0, np.int32),
+                           np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def _build_inline(self, task: BatchTask) -> BatchResult:
+        if self._builder is None:
+            self._builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, self.key_index is not None)
+        self.inline_batches += 1
+        return self._builder.build(task)
+
+    # -- workers -------------------------------------------------------------------------------------
+
+    def _start_worker(self) -> _Worker:
+        return _Worker(str(self.queues.root), self.queues.units_per_file, self.key_index is not None)
+
+    def _submit(self, task: BatchTask) -> None:
+        if not self._workers:
+            self._workers = [self._start_worker() for _ in range(self.worker_count)]
+            log.info("dispatch: started %d worker processes", self.worker_count)
+        worker = min(self._workers, key=lambda w: len(w.tasks))
+        worker.tasks[task.batch_id] = task
+        self.worker_batches += 1
+        try:
+            worker.conn.send(task)
+        except (OSError, EOFError):
+            pass  # a dead worker is noticed and replaced by _collect
+
+    def worker_pids(self) -> list[int]:
+        return [w.pid for w in self._workers]
+
+    def _collect(self) -> list[BatchResult]:
+        """Answers that are ready (waiting for at least one if none is)."""
+        results = [self._done.pop(i) for i in sorted(self._done)]
+        if results:
+            return results
+        busy = [w for w in self._workers if w.tasks]
+        if not busy:
+            return results
+        ready = multiprocessing.connection.wait([w.conn.reader for w in busy])
+        for worker in busy:
+            if worker.conn.reader in ready:
+                try:
+                    while worker.conn.poll():
+                        result = worker.conn.recv()
+                        if worker.tasks.pop(result.batch_id, None) is not None:
+                            results.append(result)
+                except (EOFError, OSError):  # the pipe closed: the worker died
+                    worker.process.wait()
+                    self._replace(worker)
+        return results
+
+    def _replace(self, dead: _Worker) -> None:
+        log.warning(
+            "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
+            dead.pid, dead.process.returncode, len(dead.tasks),
+        )
+        dead.conn.close()
+        replacement = self._start_worker()
+        self.workers_restarted += 1
+        self._workers[self._workers.index(dead)] = replacement
+        for batch_id, task in sorted(dead.tasks.items()):
+            replacement.tasks[batch_id] = task
+            replacement.conn.send(task)
+
+    # -- completing batches ----------------------------------------------------------------------------
+
+    def _complete(self, result: BatchResult, changes: dict[QueueKey, int]) -> int:
+        """Commit a batch's slots (any order); then process every batch now at the head."""
+        if result.batch_id not in self._tasks:
+            return 0  # from a generation that was discarded
+        queues = self.queues.queues
+        deferred = []
+        for entry in result.queues:
+            key = (entry[0], entry[1])
+            cq = queues.get(key)
+            if cq is None or cq.is_empty:
+                deferred.append(entry)
+            elif self._commit(cq, entry):
+                changes[key] = cq.commit_frontier
+        self._deferred[result.batch_id] = deferred
+        self._answers[result.batch_id] = result
+        total = 0
+        while self._head_id in self._answers:
+            total += self._advance(self._answers.pop(self._head_id), changes)
+        return total
+
+    @staticmethod
+    def _commit(cq: ConsumeQueue, entry) -> bool:
+        _, _, first, count, extra = entry
+        moved = cq.commit_range(first, first + count)
+        for slot in extra or ():
+            moved = cq.commit_range(slot, slot + 1) or moved
+        return moved
+
+    def _advance(self, head: BatchResult, changes: dict[QueueKey, int]) -> int:
+        """`head` is the oldest outstanding batch: start its new queues, append its index entries,
+        move the dispatched offset."""
+        task = self._tasks.pop(head.batch_id)
+        self._head_id += 1
+        queues = self.queues
+        for entry in self._deferred.pop(head.batch_id, ()):
+            key = (entry[0], entry[1])
+            cq = queues.queues.get(key)
+            if cq is None:
+                cq = ConsumeQueue(queues.root, key[0], key[1], queues.units_per_file, load=False)
+                queues.queues[key] = cq
+            if cq.is_empty:
+                cq.adopt_files(entry[2])
+            if self._commit(cq, entry):
+                changes[key] = cq.commit_frontier
+        if self.key_index is not None and len(head.index_hashes):
+            self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, head.end)
+        elif self.key_index is not None:
+            self.key_index.indexed_until = max(self.key_index.indexed_until, head.end)
+        if self.extra_sinks and head.end > head.begin:
+            requests = _decode_requests(self.commit_log, head.begin, head.end)
+            for sink in self.extra_sinks:
+                sink.dispatch(requests, changes)
+        end = head.end
+        if head.error is None:
+            end = self._blank_ends.pop(head.batch_id, head.end)
+        if head.records:
+            self.stats.records += head.records
+            self.stats.last_store_timestamp = head.last_store_timestamp
+            queues.logics_msg_timestamp = head.last_store_timestamp
+            for progress in self.progress.values():
+                progress.last_store_timestamp = head.last_store_timestamp
+        self.stats.bytes += end - task.begin
+        self.dispatched_offset = end
+        for progress in self.progress.values():
+            progress.offset = end
+        if head.error is not None:
+            self._discard_after(head, end)
+        return head.records
+
+    def _discard_after(self, head: BatchResult, end: int) -> None:
+        """A worker stopped early (a record it could not decode): forget every later batch and cut
+        again from there; dispatch stalls at a damaged record as the sequential dispatcher does."""
+        log.error("dispatch stopped at commit-log offset %d: %s", end, head.error)
+        for batch_id in list(self._tasks):
+            self._tasks.pop(batch_id)
+            self._deferred.pop(batch_id, None)
+            self._blank_ends.pop(batch_id, None)
+        self._answers.clear()
+        self._done.clear()
+        for worker in self._workers:
+            worker.tasks.clear()  # their answers, when they come, are ignored
+        self._head_id = self._next_id
+        self._cut_offset = end
+        self._stalled = True
+
+    # -- lag and closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            try:
+                worker.conn.send(None)
+            except (OSError, EOFError):
+                pass
+        deadline = time.monotonic() + 5
+        for worker in self._workers:
+            try:
+                worker.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+            worker.conn.close()
+        self._workers = []
+        if self._builder is not None:
+            self._builder.close()
+            self._builder = None
+
+
+def _decode_requests(commit_log: CommitLog, begin: int, end: int) -> list[DispatchRequest]:
+    segment = commit_log.segment_for(begin)
+    requests = []
+    offset = begin
+    while segment is not None and offset < end:
+        rec = record.decode(segment.mm, offset - segment.start, base_offset=segment.start, check_crc=False, read_body=False)
+        if type(rec) is not record.Record:
+            break
+        requests.append(DispatchRequest.from_record(rec))
+        offset += rec.total_size
+    return requests
+
+
+if __name__ == "__main__":
+    # run the worker from the package's own module object, so that what it pickles is named
+    # tidemq.store.parallel_dispatch.*, not __main__.*
+    from tidemq.store import parallel_dispatch as _module
+
+    _read_fd, _write_fd, _root, _units, _index = sys.argv[1:6]
+    _module._worker_main(_module._Channel(int(_read_fd), int(_write_fd)), _root, int(_units), _index == "1")
