@@ -105,6 +105,7 @@ class CommitLog:
             if size < segment_size:
                 log.warning("commit-log segment %s is %d bytes, shorter than %d; extending it", path, size, segment_size)
             self.segments.append(Segment(path, start, segment_size, create=False))
+        self._active: Segment | None = None  # the segment being appended to (append lock held)
         # set by recovery; until then, the end of the last segment's data is unknown
         self.write_position = self.segments[0].start if self.segments else 0
         self.flushed_position = self.write_position
@@ -165,7 +166,9 @@ class CommitLog:
         if size + BLANK_SIZE > self.segment_size:
             raise ValueError(f"a {size}-byte record cannot fit a {self.segment_size}-byte segment")
         offset = self.write_position
-        segment = self._ensure_segment(offset)
+        segment = self._active
+        if segment is None or not segment.start <= offset < segment.end:
+            segment = self._active = self._ensure_segment(offset)
         pos = offset - segment.start
         room = segment.size - pos
         if size + BLANK_SIZE > room:
@@ -173,6 +176,7 @@ class CommitLog:
             next_segment = self._ensure_segment(next_start)  # may raise: nothing written yet
             segment.mm[pos : pos + BLANK_SIZE] = record.encode_blank(room)
             segment, offset, pos = next_segment, next_start, 0
+            self._active = segment
         message.pack_into(segment.mm, pos, queue_offset, offset, store_timestamp)
         self.write_position = offset + size
         return offset
@@ -199,6 +203,7 @@ class CommitLog:
             later = [s for s in self.segments if s.start > end]
             for segment in later:
                 self.segments.remove(segment)
+        self._active = None
         for segment in later:
             segment.close()
             segment.path.unlink(missing_ok=True)

@@ -308,18 +308,33 @@ class MessageStore:
         unique_key = properties.get(record.PROPERTY_UNIQ_KEY) if properties else None
         if not unique_key:
             unique_key = self._unique_keys.next()
-        items = [(record.PROPERTY_UNIQ_KEY, unique_key)]
-        if message.tags is not None:
-            items.append((record.PROPERTY_TAGS, message.tags))
-        if message.keys:
-            items.append((record.PROPERTY_KEYS, record.KEY_SEPARATOR.join(message.keys)))
         if properties:
-            items.extend(kv for kv in properties.items() if kv[0] != record.PROPERTY_UNIQ_KEY)
+            items = dict(properties)
+            items[record.PROPERTY_UNIQ_KEY] = unique_key
+            if message.tags is not None:
+                items[record.PROPERTY_TAGS] = message.tags
+            if message.keys:
+                items[record.PROPERTY_KEYS] = record.KEY_SEPARATOR.join(message.keys)
+            try:
+                properties_bytes = record.encode_properties(items)
+            except record.CodecError as exc:
+                raise InvalidMessageError(str(exc)) from None
+        else:
+            # the common case, built directly: UNIQ_KEY, TAGS, KEYS
+            text = f"{record.PROPERTY_UNIQ_KEY}\x01{unique_key}\x02"
+            tags, keys = message.tags, message.keys
+            if tags is not None:
+                text = f"{text}TAGS\x01{tags}\x02"
+            if keys:
+                text = f"{text}KEYS\x01{record.KEY_SEPARATOR.join(keys)}\x02"
+            if text.count("\x01") != 1 + (tags is not None) + bool(keys) or text.count("\x02") != text.count("\x01"):
+                raise InvalidMessageError(f"tags, keys or message id contain a \\x01 or \\x02 separator character")
+            properties_bytes = text.encode("utf-8")
         try:
             encoded = record.template(topic, message.born_host, cfg.store_host).encode(
                 body,
                 queue_id,
-                record.encode_properties(dict(items)) if properties else record.encode_property_items(items),
+                properties_bytes,
                 self.clock() if message.born_timestamp is None else message.born_timestamp,
                 message.flag,
                 message.sysflag,
@@ -348,12 +363,23 @@ class MessageStore:
         if blocking:
             self.group_commit.begin()
         try:
-            results, end = self._append((message,))
-            self._await_durable(end, blocking, on_durable, results[0])
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            encoded, unique_key = self._prepare(message)
+            with self._append_lock:
+                if self._closed:
+                    raise StoreClosedError("the store is closed")
+                try:
+                    result = self._append_locked(message, encoded, unique_key, self.clock())
+                except OSError as exc:
+                    raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
+                end = result.commit_log_offset + result.size
+                self._last_written = (end, result.store_timestamp)
+            self._await_durable(end, blocking, on_durable, result)
         finally:
             if blocking:
                 self.group_commit.end()
-        return results[0]
+        return result
 
     def put_batch(self, messages: list[Message], on_durable: DurableCallback | None = None) -> list[PutResult]:
         """Append several messages under one lock and one durability wait, in order.
@@ -379,25 +405,13 @@ class MessageStore:
             raise StoreClosedError("the store is closed")
         prepared = [self._prepare(m) for m in messages]  # raises before anything is stored
         results: list[PutResult] = []
-        store_host = self.config.store_host
         with self._append_lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             store_timestamp = self.clock()
-            append = self.commit_log.append
-            queue_offsets = self._queue_offsets
-            end = 0
             try:
                 for message, (encoded, unique_key) in zip(messages, prepared):
-                    transaction = message.sysflag & record.TRANSACTION_TYPE_MASK
-                    key = (message.topic, message.queue_id)
-                    takes_offset = not transaction or transaction == record.TRANSACTION_COMMIT
-                    queue_offset = queue_offsets.get(key, 0) if takes_offset else 0
-                    offset = append(encoded, queue_offset, store_timestamp)
-                    if takes_offset:
-                        queue_offsets[key] = queue_offset + 1
-                    end = offset + encoded.total_size
-                    results.append(PutResult(offset, encoded.total_size, queue_offset, unique_key, store_timestamp, store_host))
+                    results.append(self._append_locked(message, encoded, unique_key, store_timestamp))
             except OSError as exc:
                 error = StoreIOError(
                     exc.errno, f"append failed, nothing stored from message {len(results)} of the batch on: {exc.strerror or exc}"
@@ -406,8 +420,20 @@ class MessageStore:
                 raise error from exc
             finally:
                 if results:
-                    self._last_written = (end, store_timestamp)
-        return results, end
+                    last = results[-1]
+                    self._last_written = (last.commit_log_offset + last.size, store_timestamp)
+        return results, self._last_written[0]
+
+    def _append_locked(self, message: Message, encoded: record.EncodedMessage, unique_key: str, store_timestamp: int) -> PutResult:
+        """Assign the queue offset and append; the append lock is held."""
+        transaction = message.sysflag & record.TRANSACTION_TYPE_MASK
+        takes_offset = not transaction or transaction == record.TRANSACTION_COMMIT
+        key = (message.topic, message.queue_id)
+        queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
+        offset = self.commit_log.append(encoded, queue_offset, store_timestamp)
+        if takes_offset:
+            self._queue_offsets[key] = queue_offset + 1
+        return PutResult(offset, encoded.total_size, queue_offset, unique_key, store_timestamp, self.config.store_host)
 
     def _await_durable(self, end: int, blocking: bool, on_durable: DurableCallback | None, token) -> None:
         group_commit = self.group_commit

@@ -116,15 +116,6 @@ def encode_properties(properties: dict[str, str]) -> bytes:
     return text.encode("utf-8")
 
 
-def encode_property_items(items: list[tuple[str, str]]) -> bytes:
-    """`encode_properties` for a list of (name, value) pairs with distinct names."""
-    text = "".join([f"{name}\x01{value}\x02" for name, value in items if value is not None])
-    n = text.count("\x02")
-    if text.count("\x01") != n or n != sum(1 for _, v in items if v is not None) or "\x02\x01" in text or text[:1] == "\x01":
-        _explain_bad_properties(dict(items))
-    return text.encode("utf-8")
-
-
 def _explain_bad_properties(properties: dict[str, str]) -> None:
     for name, value in properties.items():
         if value is None:
