@@ -252,3 +252,30 @@ def test_long_polling_is_woken_by_dispatch_not_by_its_timeout(harness):
     got, waited = harness.run(scenario())
     assert bodies(got) == [b"wake"]
     assert waited < 10  # answered on arrival; the poll would have lasted 20 s
+
+
+def test_ack_many_settles_each_handle_and_survives_a_restart(harness):
+    admin.create_topic(harness.broker, "Batch", 2)
+    for i in range(6):
+        harness.send("Batch", b"m%d" % i)
+    got = harness.receive("G", "Batch", invisible_ms=10_000)
+    results = harness.broker.ack_many("G", "Batch", [r.receipt_handle for r in got[:4]] + ["bogus"])
+    assert results[:4] == [None] * 4 and results[4].code == Code.INVALID_RECEIPT_HANDLE
+    harness.close()
+    harness.open()
+    harness.clock.advance(10_000)
+    assert bodies(harness.receive("G", "Batch")) == bodies(got[4:])
+
+
+def test_renewals_do_not_grow_the_deadline_heap_without_bound(harness):
+    broker = harness.broker
+    broker.heartbeat("push-1", "PUSH_CONSUMER", "G")
+    harness.send("T", b"m0")
+    harness.receive("G", "T", auto_renew=True, client_id="push-1")
+    sub = broker.subscriptions[("G", "T")]
+    for _ in range(10_000):
+        (d,) = [d for q in sub.queues.values() for d in q.in_flight.values()]
+        sub.set_invisible(d.queue_id, d.queue_offset, d.invisible_until + 1, d.generation, d.renew_owner)
+    assert len(sub._due) <= 4097
+    harness.clock.advance(broker.config.auto_renew_invisible_time_ms + 10_001)
+    assert bodies(harness.receive("G", "T")) == [b"m0"]

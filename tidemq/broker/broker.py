@@ -41,7 +41,9 @@ class Broker:
         self.clock = self.config.clock
         self.metadata = Metadata(store.directory / "config")
         self.journal = PopJournal(store.directory / "pop")
-        self.subscriptions, self._generation = self.journal.replay()
+        self.subscriptions, replayed_generation = self.journal.replay()
+        # handle generations never repeat, not even across restarts with nothing in flight
+        self._generation = max(replayed_generation, self.clock() * 1000)
         self.journal.open(self.subscriptions.values())
         self.sessions = Sessions(self.config.client_expire_ms)
         self.long_polling = LongPolling()
@@ -51,6 +53,9 @@ class Broker:
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._put_inline = store.config.flush != FLUSH_SYNC
+        self._valid_groups: set[str] = set()  # names that passed validation (hot path: every ack)
+        self._valid_topics: set[str] = set()
+        self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -218,10 +223,18 @@ class Broker:
         message = Message(
             topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
             properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
-            born_timestamp=msg.born_timestamp, born_host=(_host_or(msg.born_host, peer_host), 0),
+            born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
         )
         put = await self._put(message)
         return SendResult(msg.message_id, qid, put.queue_offset, put.commit_log_offset)
+
+    def _born_host(self, host: str, peer_host: str) -> str:
+        known = self._hosts.get(host)
+        if known is None:
+            known = _host_or(host, "")
+            if len(self._hosts) < 10_000:
+                self._hosts[host] = known
+        return known or peer_host
 
     async def _put(self, message: Message):
         try:
@@ -383,9 +396,18 @@ class Broker:
 
     # -- ack, change invisible time, dead letters --------------------------------------------------
 
+    def _check_names(self, group: str, topic: str) -> None:
+        if group not in self._valid_groups:
+            validation.check_group_name(group, self.config)
+            if len(self._valid_groups) < 100_000:
+                self._valid_groups.add(group)
+        if topic not in self._valid_topics:
+            validation.check_topic_name(topic, self.config)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
+
     def _delivery(self, group: str, topic: str, handle: str) -> tuple[Subscription, Delivery]:
-        validation.check_group_name(group, self.config)
-        validation.check_topic_name(topic, self.config)
+        self._check_names(group, topic)
         sub = self.subscriptions.get((group, topic))
         d = sub.lookup(handle, self.clock()) if sub is not None else None
         if d is None:
@@ -396,6 +418,25 @@ class Broker:
         sub, d = self._delivery(group, topic, handle)
         sub.finish(d.queue_id, d.queue_offset)
         self.journal.append(["f", group, topic, d.queue_id, d.queue_offset])
+
+    def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
+        """Ack several deliveries with one journal line; per handle None or why it failed."""
+        self._check_names(group, topic)
+        sub = self.subscriptions.get((group, topic))
+        now = self.clock()
+        results: list[BrokerError | None] = []
+        done = []
+        for handle in handles:
+            d = sub.lookup(handle, now) if sub is not None else None
+            if d is None:
+                results.append(BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired"))
+                continue
+            sub.finish(d.queue_id, d.queue_offset)
+            done.append([d.queue_id, d.queue_offset])
+            results.append(None)
+        if done:
+            self.journal.append(["F", group, topic, done])
+        return results
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         """A new deadline `invisible_ms` from now; returns the new receipt handle."""

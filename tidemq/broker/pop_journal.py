@@ -6,6 +6,7 @@
                                                invisible_until, generation, renew_owner, first_popped], ...]]
                                                     deliveries and read-cursor moves of one pop
     ["f", group, topic, qid, offset]               the entry is done (acked, dead-lettered, gone)
+    ["F", group, topic, [[qid, offset], ...]]      several entries done (a batch ack)
     ["i", group, topic, qid, offset, invisible_until, generation, renew_owner]   new deadline
 
 Each line is written with one `write` call before the client hears of the transition, so a killed
@@ -141,6 +142,10 @@ def _apply(subs: dict[tuple[str, str], Subscription], entry: list) -> int:
         return generation
     if kind == "f":
         sub.finish(entry[3], entry[4])
+        return 0
+    if kind == "F":
+        for qid, offset in entry[3]:
+            sub.finish(qid, offset)
         return 0
     if kind == "i":
         sub.set_invisible(entry[3], entry[4], entry[5], entry[6], entry[7])

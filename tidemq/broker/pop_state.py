@@ -86,6 +86,14 @@ class Subscription:
         if d.queue_offset >= q.cursor:
             q.cursor = d.queue_offset + 1
         heapq.heappush(self._due, (d.invisible_until, d.queue_id, d.queue_offset, d.generation))
+        self._compact_due()
+
+    def _compact_due(self) -> None:
+        """Drop stale heap entries once they outnumber the live ones (renewals leave many)."""
+        if len(self._due) > 4096 and len(self._due) > 4 * self.in_flight_count():
+            self._due = [(d.invisible_until, d.queue_id, d.queue_offset, d.generation)
+                         for q in self.queues.values() for d in q.in_flight.values()]
+            heapq.heapify(self._due)
 
     def advance(self, qid: int, cursor: int) -> None:
         """Entries below `cursor` that were not delivered are done (filtered out or skipped)."""
@@ -107,6 +115,7 @@ class Subscription:
         d.generation = generation
         d.renew_owner = renew_owner
         heapq.heappush(self._due, (until, qid, offset, generation))
+        self._compact_due()
         return d
 
     # -- queries --------------------------------------------------------------------------------

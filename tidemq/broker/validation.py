@@ -39,8 +39,11 @@ RESERVED_PROPERTIES = frozenset({
 })
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 def has_control_character(text: str) -> bool:
-    return any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text)
+    return _CONTROL.search(text) is not None
 
 
 def check_topic_name(topic: str, config: BrokerConfig) -> None:

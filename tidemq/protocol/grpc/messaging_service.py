@@ -160,17 +160,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(svc.AckMessageResponse)
     async def AckMessage(self, request, context):
+        if not request.entries:
+            raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
+        failures = self.broker.ack_many(request.group.name, request.topic.name,
+                                        [entry.receipt_handle for entry in request.entries])
         entries = []
-        for entry in request.entries:
-            try:
-                self.broker.ack(request.group.name, request.topic.name, entry.receipt_handle)
-                result_status = convert.OK
-            except BrokerError as exc:
-                result_status = convert.status(exc.code, exc.message)
+        for entry, failure in zip(request.entries, failures):
+            result_status = convert.OK if failure is None else convert.status(failure.code, failure.message)
             entries.append(svc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                                      status=result_status))
-        if not entries:
-            raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
         codes = {e.status.code for e in entries}
         top = entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS)
         return svc.AckMessageResponse(status=top, entries=entries)
