@@ -102,6 +102,23 @@ class KeyIndex:
         self.indexed_until = min(max(covered, log_start), log_end)
         self.last_store_timestamp = self.files[-1].end_timestamp if self.files else 0
 
+    def recover_from_log(self, commit_log, log_end: int, abnormal: bool, checkpoint_timestamp: int) -> None:
+        """`recover` with the record lookups done on `commit_log`."""
+
+        def read(phy: int):
+            result = commit_log.read_record(phy, check_crc=False, read_body=False, read_properties=False)
+            return result if type(result) is record.Record else None
+
+        def store_time_of(phy: int) -> int | None:
+            rec = read(phy)
+            return rec.store_timestamp if rec is not None else None
+
+        def record_end_of(phy: int) -> int | None:
+            rec = read(phy)
+            return phy + rec.total_size if rec is not None else None
+
+        self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, record_end_of)
+
     # -- the sink protocol ------------------------------------------------------------------------------
 
     def dispatch(self, requests: list[DispatchRequest], changes: dict[QueueKey, int]) -> None:
@@ -172,12 +189,13 @@ class KeyIndex:
 
     def flush(self) -> int:
         """Make every entry durable; returns the store time they cover (the checkpoint's index
-        timestamp)."""
+        timestamp), read before flushing so that it never claims more than reached the disk."""
         with self._lock:
             files = list(self.files[-2:])
+        covered = files[-1].end_timestamp if files else 0
         for f in files:
             f.flush()
-        return files[-1].end_timestamp if files else 0
+        return covered
 
     def close(self) -> None:
         with self._lock:

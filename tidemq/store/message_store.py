@@ -32,6 +32,10 @@ from .checkpoint import Checkpoint
 from .commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
 from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
+from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
+from .key_index import KeyIndex
+from .lag import sink_lags
+from .parallel_dispatch import ParallelDispatcher
 from .errors import CorruptStoreError, InvalidMessageError, StoreClosedError, StoreIOError, StoreLockedError
 from .flush import DurableCallback, GroupCommit, PeriodicService
 from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
@@ -62,6 +66,11 @@ class StoreConfig:
     retention_hours: float = 72.0  # fileReservedTime
     maintenance_interval_ms: int = 1000  # checkpoint, consume-queue flush, retention
     repair: bool = False
+    # processes building the indexes in parallel (RIP-52); 1: the dispatch thread alone
+    dispatch_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    message_index_enable: bool = True  # messageIndexEnable: the key index (UNIQ_KEY and KEYS)
+    index_hash_slots: int = DEFAULT_HASH_SLOTS  # maxHashSlotNum
+    index_max_entries: int = DEFAULT_MAX_ENTRIES  # maxIndexNum
     clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +133,7 @@ class GetResult:
 class DispatchLag:
     bytes: int
     milliseconds: int
+    sinks: dict[str, tuple[int, int]] = field(default_factory=dict)  # per sink: (bytes, milliseconds)
 
 
 class _UniqueKeys:
@@ -194,19 +204,27 @@ class MessageStore:
         self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
         self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
-        self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues], 0)
+        self.key_index = (
+            KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
+        )
+        self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues] + ([self.key_index] if self.key_index else []), 0)
         self.recovery = self._recover(abnormal)
+        if cfg.dispatch_workers > 1:  # recovery ran sequentially; from here on, worker processes
+            parallel = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, self.dispatcher.dispatched_offset, cfg.dispatch_workers)
+            parallel.stats = self.dispatcher.stats
+            parallel.limit_source = lambda: self.confirmed_offset
+            self.dispatcher = parallel
         self.abort_path.write_text(str(os.getpid()))
         self._dispatch_event = threading.Event()
         self._stopping = False
+        self._dispatch_thread = threading.Thread(target=self._dispatch_loop, name="tidemq-dispatch", daemon=True)
+        self._dispatch_thread.start()
         self.group_commit: GroupCommit | None = None
         self._flush_service: PeriodicService | None = None
         if cfg.flush == FLUSH_SYNC:
             self.group_commit = GroupCommit(self.commit_log, self._on_flushed, cfg.sync_flush_timeout_ms)
         else:
             self._flush_service = PeriodicService("tidemq-flush", cfg.flush_interval_ms / 1000, self._flush_async)
-        self._dispatch_thread = threading.Thread(target=self._dispatch_loop, name="tidemq-dispatch", daemon=True)
-        self._dispatch_thread.start()
         self._maintenance = PeriodicService("tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance)
 
     def _recover(self, abnormal: bool) -> RecoveryReport:
@@ -243,10 +261,14 @@ class MessageStore:
             queues.queues.clear()
         queues.truncate(scan.end)
         queues.correct_min_offset(commit_log.min_offset)
+        if self.key_index is not None:
+            self.key_index.recover_from_log(commit_log, scan.end, abnormal, self.checkpoint.index_msg_timestamp)
 
         redispatch_from = queues.covered_offset()
         if abnormal:
             redispatch_from = min(redispatch_from, self.checkpoint.confirm_phy_offset)
+        if self.key_index is not None:
+            redispatch_from = min(redispatch_from, self.key_index.covered_offset())
         redispatch_from = min(max(redispatch_from, commit_log.min_offset), scan.end)
         report.redispatched_from = redispatch_from
         self.dispatcher.dispatched_offset = redispatch_from
@@ -503,6 +525,13 @@ class MessageStore:
             return 0
         return cq.offset_for_timestamp(timestamp, self.store_time_of, upper=upper)
 
+    def query_message(self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = 64) -> list[record.Record]:
+        """Records of `topic` whose UNIQ_KEY or a KEYS entry is `key`, stored within [begin, end]
+        (ms), newest first (the key index; empty when it is disabled)."""
+        from .key_index import query
+
+        return query(self.key_index, self.read_record, topic, key, begin, end, max_num) if self.key_index else []
+
     def queues(self) -> list[tuple[str, int]]:
         return sorted(self.consume_queues.queues)
 
@@ -551,7 +580,7 @@ class MessageStore:
         behind = max(0, self.confirmed_offset - self.dispatcher.dispatched_offset)
         newest = self._last_written[1]
         millis = max(0, newest - self.dispatcher.stats.last_store_timestamp) if behind else 0
-        return DispatchLag(behind, millis)
+        return DispatchLag(behind, millis, sink_lags(self.dispatcher, self.confirmed_offset, newest))
 
     # -- flushing and maintenance ----------------------------------------------------------------
 
@@ -576,6 +605,8 @@ class MessageStore:
         if flushed >= position:
             cp.physic_msg_timestamp = max(cp.physic_msg_timestamp, timestamp)
         cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, self.consume_queues.logics_msg_timestamp)
+        if self.key_index is not None:
+            cp.index_msg_timestamp = max(cp.index_msg_timestamp, self.key_index.flush())
         cp.confirm_phy_offset = min(flushed, self.dispatcher.dispatched_offset)
         cp.master_flushed_offset = flushed
         cp.save(self.checkpoint_path)
@@ -626,6 +657,10 @@ class MessageStore:
         self.save_checkpoint()
         if self.dispatcher.dispatched_offset >= self.commit_log.write_position:
             self.abort_path.unlink(missing_ok=True)
+        if isinstance(self.dispatcher, ParallelDispatcher):
+            self.dispatcher.close()
+        if self.key_index is not None:
+            self.key_index.close()
         self.consume_queues.close()
         self.commit_log.close()
         os.close(self._lock_fd)

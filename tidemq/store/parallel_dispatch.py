@@ -261,7 +261,7 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
 
 
 class _Worker:
-    """A worker process (`python -m tidemq.store.parallel_dispatch`, talking pickled messages over
+    """A worker process (`python -m tidemq.store.dispatch_worker`, talking pickled messages over
     two pipes): a fresh interpreter, so the threaded store process is never forked and the
     caller's main module is never re-imported."""
 
@@ -275,7 +275,7 @@ class _Worker:
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tidemq.store.parallel_dispatch", str(to_child_r), str(from_child_w),
+                [sys.executable, "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
                  consume_queue_root, str(units_per_file), "1" if index_enabled else "0"],
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
             )
@@ -657,11 +657,3 @@ def _decode_requests(commit_log: CommitLog, begin: int, end: int) -> list[Dispat
         offset += rec.total_size
     return requests
 
-
-if __name__ == "__main__":
-    # run the worker from the package's own module object, so that what it pickles is named
-    # tidemq.store.parallel_dispatch.*, not __main__.*
-    from tidemq.store import parallel_dispatch as _module
-
-    _read_fd, _write_fd, _root, _units, _index = sys.argv[1:6]
-    _module._worker_main(_module._Channel(int(_read_fd), int(_write_fd)), _root, int(_units), _index == "1")

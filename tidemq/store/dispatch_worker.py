@@ -1,0 +1,14 @@
+"""Entry point of a parallel-dispatch worker process (see parallel_dispatch):
+
+    python -m tidemq.store.dispatch_worker READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1)
+
+It reads pickled `BatchTask`s from READ_FD and answers `BatchResult`s on WRITE_FD until it reads
+None or the pipe closes (its coordinator is gone)."""
+
+import sys
+
+from tidemq.store.parallel_dispatch import _Channel, _worker_main
+
+if __name__ == "__main__":
+    read_fd, write_fd, root, units, index = sys.argv[1:6]
+    _worker_main(_Channel(int(read_fd), int(write_fd)), root, int(units), index == "1")

@@ -1,0 +1,87 @@
+"""Dispatch lag, per sink: how far each index is behind the CommitLog.
+
+    bytes        = confirmed offset (what dispatch may read) - the offset below which the sink
+                   has everything (RocketMQ's dispatchBehindBytes)
+    milliseconds = store time of the newest record - store time of the last record the sink
+                   indexed (dispatchBehindMilliseconds); 0 when nothing is behind
+
+`sink_lags` serves a running store (MessageStore.dispatch_lag, the broker's metrics);
+`offline_lags` serves `tidemq store inspect` on a directory, reading files only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import record
+
+
+def sink_lags(dispatcher, confirmed: int, newest_timestamp: int) -> dict[str, tuple[int, int]]:
+    """{sink name: (bytes behind, milliseconds behind)} for a running dispatcher."""
+    progress = getattr(dispatcher, "progress", None)
+    out: dict[str, tuple[int, int]] = {}
+    for sink in dispatcher.sinks:
+        if progress is not None and sink.name in progress:
+            offset, last = progress[sink.name].offset, progress[sink.name].last_store_timestamp
+        else:  # the sequential dispatcher feeds every sink of a batch in the same call
+            offset = dispatcher.dispatched_offset
+            last = dispatcher.stats.last_store_timestamp
+        behind = max(0, confirmed - offset)
+        out[sink.name] = (behind, max(0, newest_timestamp - last) if behind else 0)
+    return out
+
+
+def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str, tuple[int, int]]:
+    """{sink name: (bytes, milliseconds)} from the files of a store directory.  `queue_covered` is
+    the ConsumeQueues' furthest indexed offset (exact after a clean shutdown)."""
+    from .check import segment_paths
+    from .index_file import IndexFile
+    from .key_index import _index_paths
+
+    segments = {int(p.name): p for p in segment_paths(store_dir)}
+    size = next(iter(segments.values())).stat().st_size if segments else 0
+
+    def read(offset: int) -> record.Record | None:
+        if not size:
+            return None
+        path = segments.get(offset - offset % size)
+        if path is None:
+            return None
+        import mmap
+
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            rec = record.decode(mm, offset % size, base_offset=offset - offset % size, check_crc=False, read_body=False, read_properties=False)
+            if type(rec) is not record.Record:
+                return None
+            return rec
+
+    def newest_before(end: int) -> int:
+        """Store time of the record that ends at `end` (0 if none): scan its segment."""
+        if end <= 0 or not size:
+            return 0
+        base = (end - 1) - (end - 1) % size
+        offset, last = base, 0
+        while offset < end:
+            rec = read(offset)
+            if rec is None:
+                break
+            last = rec.store_timestamp
+            offset += rec.total_size
+        return last
+
+    newest = newest_before(log_end)
+    out = {}
+    index_paths = _index_paths(Path(store_dir) / "index")
+    covered = {"consume_queue": queue_covered}
+    if index_paths:
+        last_file = IndexFile(index_paths[-1], 1, 2, create=False, read_only=True)
+        try:
+            end_phy = last_file.end_phy
+        finally:
+            last_file.close()
+        rec = read(end_phy)
+        covered["key_index"] = end_phy + rec.total_size if rec is not None else end_phy
+    for name, offset in covered.items():
+        behind = max(0, log_end - offset)
+        out[name] = (behind, max(0, newest - newest_before(offset)) if behind else 0)
+    return out
