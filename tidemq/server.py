@@ -39,6 +39,9 @@ class ServeOptions:
     max_message_size: int = 4 * 1024 * 1024
     long_polling_timeout_ms: int = 20_000
     grace_seconds: float = 5.0
+    auto_renew_invisible_time_ms: int = 60_000
+    renew_ahead_ms: int = 10_000
+    renew_interval_ms: int = 5_000
 
 
 # flag, config key (RocketMQ's name where one exists), option, help
@@ -57,6 +60,10 @@ OPTIONS = [
     ("--long-polling-timeout-ms", "grpcClientConsumerLongPollingTimeoutMillis", "long_polling_timeout_ms",
      "long polling time told to push consumers"),
     ("--grace-seconds", "shutdownGraceSeconds", "grace_seconds", "time in-flight calls get at shutdown"),
+    ("--auto-renew-invisible-time-ms", "defaultInvisibleTimeMills", "auto_renew_invisible_time_ms",
+     "invisible time the broker picks for push consumers (auto-renew)"),
+    ("--renew-ahead-ms", "renewAheadTimeMillis", "renew_ahead_ms", "renew an auto-renewed message this long before its deadline"),
+    ("--renew-interval-ms", "renewSchedulePeriodMillis", "renew_interval_ms", "how often auto-renewal runs"),
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
 
@@ -113,6 +120,8 @@ class Server:
             default_topic_queue_nums=options.default_queues, broker_name=options.broker_name,
             advertised_address=options.advertise, max_message_size=options.max_message_size,
             long_polling_timeout_ms=options.long_polling_timeout_ms,
+            auto_renew_invisible_time_ms=options.auto_renew_invisible_time_ms,
+            renew_ahead_ms=options.renew_ahead_ms, renew_interval_ms=options.renew_interval_ms,
         )
         self.store: MessageStore | None = None
         self.broker: Broker | None = None

@@ -74,3 +74,9 @@ def list_groups(broker: Broker) -> list[dict]:
             topics.append({"topic": topic_name, "backlog": sum(q["backlog"] for q in queues), "queues": queues})
         out.append({**asdict(group), "max_attempts": group.max_delivery_attempts, "topics": topics})
     return out
+
+
+def stats(broker: Broker) -> dict:
+    """Counters since start, and what is in flight now."""
+    in_flight = sum(sub.in_flight_count() for sub in broker.subscriptions.values())
+    return {**broker.stats, "in_flight": in_flight, "clients": len(broker.sessions.clients)}

@@ -56,6 +56,7 @@ class Broker:
         self._valid_groups: set[str] = set()  # names that passed validation (hot path: every ack)
         self._valid_topics: set[str] = set()
         self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
+        self.stats = dict.fromkeys(("sent", "delivered", "redelivered", "acked", "dead_lettered", "auto_renewals"), 0)
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -226,6 +227,7 @@ class Broker:
             born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
         )
         put = await self._put(message)
+        self.stats["sent"] += 1
         return SendResult(msg.message_id, qid, put.queue_offset, put.commit_log_offset)
 
     def _born_host(self, host: str, peer_host: str) -> str:
@@ -323,8 +325,10 @@ class Broker:
             sub.deliver(again)
             journal_deliveries.append(delivery_fields(again))
             out.append(Received(rec, again.handle, again.attempt, until))
+            self.stats["redelivered"] += 1
         if len(out) < batch:
             self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors)
+        self.stats["delivered"] += len(out)
         if journal_deliveries or cursors:
             self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
             if journal_deliveries:
@@ -418,6 +422,7 @@ class Broker:
         sub, d = self._delivery(group, topic, handle)
         sub.finish(d.queue_id, d.queue_offset)
         self.journal.append(["f", group, topic, d.queue_id, d.queue_offset])
+        self.stats["acked"] += 1
 
     def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
         """Ack several deliveries with one journal line; per handle None or why it failed."""
@@ -436,6 +441,7 @@ class Broker:
             results.append(None)
         if done:
             self.journal.append(["F", group, topic, done])
+            self.stats["acked"] += len(done)
         return results
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
@@ -479,6 +485,7 @@ class Broker:
                     continue
                 log.info("moved %s/%d@%d to %s after %d delivery attempts", rec.topic, d.queue_id,
                          d.queue_offset, dlq.name, d.attempt)
+                self.stats["dead_lettered"] += 1
             if sub.finish(d.queue_id, d.queue_offset) is not None:
                 self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
 
@@ -500,6 +507,7 @@ class Broker:
                         self._set_invisible(sub, d, d.invisible_until, d.generation, "")
                     else:
                         self._set_invisible(sub, d, now + cfg.auto_renew_invisible_time_ms, d.generation, d.renew_owner)
+                        self.stats["auto_renewals"] += 1
                     changed += 1
         return changed
 

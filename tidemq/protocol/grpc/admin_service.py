@@ -41,6 +41,7 @@ def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
         "ListTopics": admin.list_topics,
         "CreateGroup": admin.create_group,
         "ListGroups": admin.list_groups,
+        "Stats": admin.stats,
     }
     return grpc.method_handlers_generic_handler(SERVICE, {name: call(f) for name, f in methods.items()})
 
