@@ -217,14 +217,14 @@ class MessageStore:
         self.abort_path.write_text(str(os.getpid()))
         self._dispatch_event = threading.Event()
         self._stopping = False
-        self._dispatch_thread = threading.Thread(target=self._dispatch_loop, name="tidemq-dispatch", daemon=True)
-        self._dispatch_thread.start()
         self.group_commit: GroupCommit | None = None
         self._flush_service: PeriodicService | None = None
         if cfg.flush == FLUSH_SYNC:
             self.group_commit = GroupCommit(self.commit_log, self._on_flushed, cfg.sync_flush_timeout_ms)
         else:
             self._flush_service = PeriodicService("tidemq-flush", cfg.flush_interval_ms / 1000, self._flush_async)
+        self._dispatch_thread = threading.Thread(target=self._dispatch_loop, name="tidemq-dispatch", daemon=True)
+        self._dispatch_thread.start()
         self._maintenance = PeriodicService("tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance)
 
     def _recover(self, abnormal: bool) -> RecoveryReport:
