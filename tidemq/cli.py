@@ -46,6 +46,26 @@ def _store_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_query(args: argparse.Namespace) -> int:
+    from .store import key_index
+
+    if args.id:
+        found = key_index.find_by_id(Path(args.dir), args.id, args.topic)
+    elif args.topic and args.key:
+        found = key_index.query_directory(Path(args.dir), args.topic, args.key, args.begin, args.end, args.max)
+    else:
+        print("tidemq: store query needs --id ID, or --topic T --key K", file=sys.stderr)
+        return 2
+    for rec in found:
+        keys = " ".join(rec.keys)
+        print(
+            f"{rec.msg_id}  {rec.topic}/{rec.queue_id} offset {rec.queue_offset}  stored {rec.store_timestamp}  "
+            f"uniq {rec.unique_key or '-'}  keys [{keys}]  {rec.total_size} bytes  body {bytes(rec.body)[:64]!r}"
+        )
+    print(f"{len(found)} message(s)")
+    return 0 if found else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker and store")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
@@ -62,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = store_commands.add_parser("repair", help="open with repair: cut the log at a corrupt record, rebuild indexes")
     p.add_argument("dir")
     p.set_defaults(func=_store_repair)
+    p = store_commands.add_parser("query", help="find messages by id (offset id or UNIQ_KEY) or by key; exit 1 if none")
+    p.add_argument("dir")
+    p.add_argument("--id", help="offset message id or UNIQ_KEY (client message id)")
+    p.add_argument("--topic", help="topic of the key (narrows --id)")
+    p.add_argument("--key", help="a KEYS entry or UNIQ_KEY")
+    p.add_argument("--begin", type=int, default=0, help="earliest store time, ms since the epoch")
+    p.add_argument("--end", type=int, default=2**63 - 1, help="latest store time, ms since the epoch")
+    p.add_argument("--max", type=int, default=64, help="at most this many messages (64)")
+    p.set_defaults(func=_store_query)
     from .broker_cli import register as register_broker_commands
 
     register_broker_commands(commands)

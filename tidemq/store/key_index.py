@@ -252,3 +252,82 @@ def query(
             if len(out) >= max_num:
                 break
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Read-only lookups on a store directory (the `tidemq store query` command): safe beside a
+# running broker, files are mapped read-only.
+
+
+class _LogReader:
+    def __init__(self, store_dir: Path) -> None:
+        from .check import segment_paths
+
+        self._paths = {int(p.name): p for p in segment_paths(store_dir)}
+        self._size = next(iter(self._paths.values())).stat().st_size if self._paths else 0
+        self._maps: dict[int, object] = {}
+
+    def read(self, offset: int) -> record.Record | None:
+        import mmap
+
+        if not self._size or offset < 0:
+            return None
+        base = offset - offset % self._size
+        mm = self._maps.get(base)
+        if mm is None:
+            path = self._paths.get(base)
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                mm = self._maps[base] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        rec = record.decode(mm, offset - base, base_offset=base, check_crc=False)
+        if type(rec) is not record.Record:
+            return None
+        rec.body = bytes(rec.body)
+        return rec
+
+    def close(self) -> None:
+        for mm in self._maps.values():
+            mm.close()
+
+
+def store_topics(store_dir: Path) -> list[str]:
+    root = Path(store_dir) / "consumequeue"
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def query_directory(
+    store_dir: Path, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = MAX_QUERY_RESULTS
+) -> list[record.Record]:
+    index = KeyIndex(Path(store_dir) / "index", read_only=True)
+    reader = _LogReader(Path(store_dir))
+    try:
+        return query(index, reader.read, topic, key, begin, end, max_num)
+    finally:
+        index.close()
+        reader.close()
+
+
+def find_by_id(store_dir: Path, msg_id: str, topic: str | None = None) -> list[record.Record]:
+    """The message with this id: an offset message id (store host + commit-log offset) is read
+    directly; anything else is looked up as a UNIQ_KEY in `topic`, or in every topic."""
+    reader = _LogReader(Path(store_dir))
+    try:
+        try:
+            _, offset = record.parse_message_id(msg_id)
+        except record.CodecError:
+            offset = None
+        if offset is not None:
+            rec = reader.read(offset)
+            if rec is not None and rec.msg_id == msg_id.upper() and (topic is None or rec.topic == topic):
+                return [rec]
+        found: list[record.Record] = []
+        index = KeyIndex(Path(store_dir) / "index", read_only=True)
+        try:
+            for name in [topic] if topic else store_topics(store_dir):
+                found.extend(r for r in query(index, reader.read, name, msg_id) if r.unique_key == msg_id)
+        finally:
+            index.close()
+        return found
+    finally:
+        reader.close()
