@@ -49,3 +49,21 @@ def write_store(directory, messages: list[Message]):
         results = [store.put(m) for m in messages]
         assert store.wait_dispatched()
     return results
+
+
+def dispatch_key_index(store, directory, hash_slots: int, max_entries: int) -> None:
+    """The key index the store's own dispatcher builds from the log, with a KeyIndex sink."""
+    from tidemq.store.commit_log import CommitLog
+    from tidemq.store.dispatch import Dispatcher
+    from tidemq.store.key_index import KeyIndex
+    from tidemq.store.recovery import scan_log
+
+    commit_log = CommitLog(store / "commitlog", SEGMENT_SIZE)
+    index = KeyIndex(directory, hash_slots, max_entries)
+    try:
+        end = scan_log(commit_log, commit_log.min_offset).end
+        Dispatcher(commit_log, [index], commit_log.min_offset).dispatch_until(end, notify=False)
+        index.flush()
+    finally:
+        index.close()
+        commit_log.close()

@@ -56,11 +56,12 @@ def test_cli_commands(spark, written_store, tmp_path, capsys):
     assert main(["pipeline", "stats", "--store", str(store), *conf]) == 0
     out = capsys.readouterr().out
     assert "orders" in out and "msg/s" in out
-    assert main(["pipeline", "rebuild", "--store", str(store), "--out", str(tmp_path / "cq"), *conf]) == 0
+    assert main(["pipeline", "rebuild", "--store", str(store), "--out", str(tmp_path / "cq"), "--no-key-index", *conf]) == 0
     assert "consume queue(s)" in capsys.readouterr().out
     for path in (store / "consumequeue").rglob("*"):
         if path.is_file():
-            assert (tmp_path / "cq" / path.relative_to(store / "consumequeue")).read_bytes() == path.read_bytes()
+            assert (tmp_path / "cq" / "consumequeue" / path.relative_to(store / "consumequeue")).read_bytes() == path.read_bytes()
+    assert not (tmp_path / "cq" / "index").exists()
 
 
 def test_a_missing_java_is_one_clear_error(monkeypatch, tmp_path, capsys):

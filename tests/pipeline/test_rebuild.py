@@ -13,7 +13,7 @@ from tidemq.pipeline.rebuild import rebuild
 from tidemq.store import MessageStore, StoreLockedError
 from tidemq.store.consume_queue import BLANK_UNIT
 
-from pipeline_logs import LONG_TOPIC, UNITS_PER_FILE, sample_messages, store_config, write_store
+from pipeline_logs import LONG_TOPIC, dispatch_key_index, UNITS_PER_FILE, sample_messages, store_config, write_store
 
 
 def queue_files(root: Path) -> dict[str, bytes]:
@@ -35,12 +35,18 @@ def test_rebuild_equals_the_dispatchers_files(spark, written_store, tmp_path):
     assert any(LONG_TOPIC in name for name in expected)  # v2 records were indexed
     assert any(name.endswith(f"{UNITS_PER_FILE * 20:020d}") for name in expected)  # queues of several files
 
-    report = rebuild(spark, store, tmp_path / "cq", units_per_file=UNITS_PER_FILE, partition_size=48 * 1024)
+    report = rebuild(
+        spark, store, tmp_path / "out", units_per_file=UNITS_PER_FILE, hash_slots=97, max_entries=500, partition_size=48 * 1024
+    )
 
-    assert_same_files(store / "consumequeue", tmp_path / "cq")
+    assert_same_files(store / "consumequeue", tmp_path / "out" / "consumequeue")
     indexed = sum(1 for m in messages if m.sysflag & 0xC in (0, 8))
     assert report.entries == indexed
     assert not report.messages
+    # the key index: byte-identical to the store's dispatcher with its KeyIndex sink
+    dispatch_key_index(store, tmp_path / "expected-index", 97, 500)
+    assert len(list((tmp_path / "expected-index").iterdir())) >= 3  # several index files
+    assert_same_files(tmp_path / "expected-index", tmp_path / "out" / "index")
 
 
 def test_rebuild_of_a_log_whose_oldest_segments_are_gone(spark, tmp_path):
@@ -55,9 +61,9 @@ def test_rebuild_of_a_log_whose_oldest_segments_are_gone(spark, tmp_path):
     padded = [p for p in (store / "consumequeue").rglob("*") if p.is_file() and p.read_bytes()[:20] == BLANK_UNIT]
     assert padded  # some queue now starts past slot 0
 
-    rebuild(spark, store, tmp_path / "cq", units_per_file=UNITS_PER_FILE, partition_size=32 * 1024)
+    rebuild(spark, store, tmp_path / "out", units_per_file=UNITS_PER_FILE, key_index=False, partition_size=32 * 1024)
 
-    assert_same_files(store / "consumequeue", tmp_path / "cq")
+    assert_same_files(store / "consumequeue", tmp_path / "out" / "consumequeue")
 
 
 def test_rebuild_in_place_replaces_damaged_and_missing_queues(spark, tmp_path):
@@ -72,11 +78,15 @@ def test_rebuild_in_place_replaces_damaged_and_missing_queues(spark, tmp_path):
     damaged.write_bytes(bytes(data))
     (root / "stray").mkdir()
 
-    report = rebuild(spark, store, in_place=True, partition_size=64 * 1024)
+    (store / "index").mkdir(exist_ok=True)
+    (store / "index" / "20200101000000000").write_bytes(b"damaged")
+    report = rebuild(spark, store, in_place=True, hash_slots=31, max_entries=2000, partition_size=64 * 1024)
 
     assert queue_files(root) == pristine
-    assert report.out == str(root)
-    assert not (store / "consumequeue.rebuild").exists() and not (store / "consumequeue.old").exists()
+    assert report.out == str(store) and report.key_index == str(store / "index")
+    dispatch_key_index(store, tmp_path / "expected-index", 31, 2000)
+    assert_same_files(tmp_path / "expected-index", store / "index")
+    assert not [p.name for p in store.iterdir() if p.name.endswith((".old", ".tmp"))]
     with MessageStore(store, store_config()) as reopened:
         got = reopened.get("orders", 0, offset=0, max_count=5)
         assert [m.queue_offset for m in got.messages] == [0, 1, 2, 3, 4]

@@ -32,11 +32,16 @@ def _rebuild(args: argparse.Namespace) -> int:
         Path(args.out) if args.out else None,
         in_place=args.in_place,
         units_per_file=args.units_per_file,
+        key_index=not args.no_key_index,
+        hash_slots=args.hash_slots,
+        max_entries=args.max_index_entries,
         partition_size=args.partition_size,
     )
     for line in report.messages:
         print(f"warning: {line}")
-    print(f"rebuilt {len(report.queues)} consume queue(s), {report.entries} entries, into {report.out}")
+    print(f"rebuilt {len(report.queues)} consume queue(s), {report.entries} entries, into {report.out}/consumequeue")
+    if report.key_index:
+        print(f"rebuilt the key index into {report.key_index}")
     for topic, queue_id, entries, files, min_offset, max_offset, _ in report.queues:
         print(f"  {topic}/{queue_id}  entries {entries}  offsets [{min_offset}, {max_offset})  files {files}")
     return 0
@@ -105,9 +110,12 @@ def add_commands(commands) -> None:
 
     p = jobs.add_parser("rebuild", help="build the ConsumeQueue files from the commit log")
     common(p)
-    p.add_argument("--out", help="directory to write the consumequeue tree to")
-    p.add_argument("--in-place", action="store_true", help="replace the stopped store's own consume queues")
-    p.add_argument("--units-per-file", type=int, help="units per file (default: the store's, else 300000)")
+    p.add_argument("--out", help="directory to write consumequeue/ and index/ to")
+    p.add_argument("--in-place", action="store_true", help="replace the stopped store's own indexes")
+    p.add_argument("--units-per-file", type=int, help="consume-queue units per file (default: the store's, else 300000)")
+    p.add_argument("--no-key-index", action="store_true", help="rebuild the consume queues only")
+    p.add_argument("--hash-slots", type=int, help="key-index hash slots per file (default: the store's, else 5000000)")
+    p.add_argument("--max-index-entries", type=int, help="key-index entries per file (default: the store's, else 20000000)")
     p.set_defaults(func=_one_line_errors(_rebuild))
 
     p = jobs.add_parser("export", help="messages to Parquet, partitioned by topic and day")

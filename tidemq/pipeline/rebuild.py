@@ -5,7 +5,8 @@
     -> repartition by queue, sort each queue's entries into commit-log order
     -> each task writes its queues' files (`tidemq-consumequeue`, an Arrow data sink)
 
-The files are byte-identical to what the store's dispatcher builds (`tidemq.store.consume_queue`):
+With `key_index`, the key index is rebuilt too (`key_index.py`).  The ConsumeQueue files are
+byte-identical to what the store's dispatcher builds (`tidemq.store.consume_queue`):
 20-byte units `>qiq`, files of `units_per_file` units named by their 20-digit byte offset and
 preallocated full-size, and a queue whose first entry is not slot 0 starts at the file holding it,
 with blank units (0, 0x7FFFFFFF, 0) below the entry.  `QueueFilesWriter` replays the dispatcher's
@@ -133,7 +134,13 @@ class QueueFilesWriter:
             self._write(start, self.buffers.pop(start))
 
     def _write(self, start: int, buf: bytearray) -> None:
-        (self.directory / file_name(start * UNIT_SIZE)).write_bytes(buf)
+        # the file is preallocated full-size like the store's (ftruncate: zeros read back from the
+        # hole); only the bytes up to the last non-zero unit are written
+        used = len(buf.rstrip(b"\0")) if buf[-1:] == b"\0" else len(buf)
+        used += -used % UNIT_SIZE
+        with open(self.directory / file_name(start * UNIT_SIZE), "wb") as f:
+            f.write(memoryview(buf)[:used])
+            f.truncate(self.file_bytes)
         self.files += 1
 
     def close(self) -> tuple:
@@ -208,10 +215,10 @@ class ConsumeQueueWriter(DataSourceArrowWriter):
 
 @dataclass
 class RebuildReport:
-    out: str
+    out: str  # the directory holding consumequeue/ (and index/)
     queues: list[tuple] = field(default_factory=list)  # summary rows, sorted by topic and queue
     entries: int = 0
-    commit_log_bytes: int = 0
+    key_index: str | None = None  # the index directory, if the key index was rebuilt
     messages: list[str] = field(default_factory=list)
 
 
@@ -277,34 +284,50 @@ def rebuild(
     *,
     in_place: bool = False,
     units_per_file: int | None = None,
+    key_index: bool = True,
+    hash_slots: int | None = None,
+    max_entries: int | None = None,
     partition_size: int | str | None = None,
     queue_partitions: int | None = None,
 ) -> RebuildReport:
-    """Build the ConsumeQueue files of `store` under `out` (a directory that becomes a
-    `consumequeue` root), or with `in_place` replace the stopped store's own."""
+    """Build the indexes of `store` from its commit log: `out/consumequeue/` and (with
+    `key_index`) `out/index/`, laid out as in a store; or with `in_place` replace the stopped
+    store's own.  File geometry (units per file, hash slots, entries per index file) is taken
+    from the store's existing files when not given, else the defaults."""
+    from .key_index import INDEX_COLUMNS, index_geometry, write_key_index
+
     store = Path(store)
     if in_place == (out is not None):
         raise ValueError("rebuild needs exactly one of an output directory or in_place")
     if not (store / "commitlog").is_dir():
         raise FileNotFoundError(f"{store}: no commitlog directory")
     units_per_file = units_per_file or units_per_file_of(store) or DEFAULT_UNITS_PER_FILE
+    geometry = index_geometry(store / "index") or (None, None)
+    hash_slots, max_entries = hash_slots or geometry[0], max_entries or geometry[1]
     lock = stopped_store(store) if in_place else contextlib.nullcontext()
     with lock:
-        target = store / "consumequeue.rebuild" if in_place else Path(out)
+        target = store / "rebuild.tmp" if in_place else Path(out)
         if in_place and target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True, exist_ok=True)
-        report = RebuildReport(out=str(store / "consumequeue" if in_place else target))
+        report = RebuildReport(out=str(store if in_place else target))
         report_tail(store, report.messages)
-        reader = spark.read.format(SOURCE_NAME).option("columns", UNIT_COLUMNS).option("checkCRC", "true")
-        if partition_size is not None:
-            reader = reader.option("partitionSize", str(partition_size))
-        df = reader.load(str(store))
+
+        def read(columns: str):
+            reader = spark.read.format(SOURCE_NAME).option("columns", columns).option("checkCRC", "true")
+            if partition_size is not None:
+                reader = reader.option("partitionSize", str(partition_size))
+            return reader.load(str(store))
+
+        df = read(UNIT_COLUMNS)
         mask = record.TRANSACTION_TYPE_MASK
-        df = df.where(((df.sysflag.bitwiseAND(mask)) == record.TRANSACTION_NOT) | ((df.sysflag.bitwiseAND(mask)) == record.TRANSACTION_COMMIT))
+        kind = df.sysflag.bitwiseAND(mask)
+        df = df.where((kind == record.TRANSACTION_NOT) | (kind == record.TRANSACTION_COMMIT))
         df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
         df = df.sortWithinPartitions("topic", "queue_id", "commit_log_offset")
-        summary = target.parent / f".{target.name}.summary-{os.getpid()}.json"
+        queues_dir = target / "consumequeue"
+        queues_dir.mkdir(exist_ok=True)
+        summary = target / f".summary-{os.getpid()}.json"
         spark.dataSource.register(ConsumeQueueSink)
         try:
             with task_errors():
@@ -313,25 +336,32 @@ def rebuild(
                     .mode("append")
                     .option("unitsPerFile", str(units_per_file))
                     .option("summaryFile", str(summary.resolve()))
-                    .save(str(target.resolve()))
+                    .save(str(queues_dir.resolve()))
                 )
             report.queues = [tuple(r) for r in json.loads(summary.read_text())]
         finally:
             summary.unlink(missing_ok=True)
         report.entries = sum(r[2] for r in report.queues)
+        if key_index:
+            with task_errors():
+                write_key_index(spark, read(INDEX_COLUMNS), target / "index", hash_slots, max_entries)
+            report.key_index = str((store if in_place else target) / "index")
         if in_place:
-            _swap_in(store, target)
+            _swap_in(store, target, ["consumequeue"] + (["index"] if key_index else []))
     return report
 
 
-def _swap_in(store: Path, built: Path) -> None:
-    live = store / "consumequeue"
-    old = store / "consumequeue.old"
-    if old.exists():
-        shutil.rmtree(old)
-    if live.exists():
-        live.rename(old)
-    built.rename(live)
-    if old.exists():
-        shutil.rmtree(old)
-    log.info("rebuild: replaced %s with the rebuilt consume queues", live)
+def _swap_in(store: Path, built: Path, names: list[str]) -> None:
+    """Replace store/<name> with built/<name> for each name; the old ones are deleted."""
+    for name in names:
+        live, old, new = store / name, store / f"{name}.old", built / name
+        if old.exists():
+            shutil.rmtree(old)
+        if live.exists():
+            live.rename(old)
+        if new.exists():
+            new.rename(live)
+        if old.exists():
+            shutil.rmtree(old)
+        log.info("rebuild: replaced %s with the rebuilt one", live)
+    shutil.rmtree(built, ignore_errors=True)

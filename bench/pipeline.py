@@ -1,0 +1,171 @@
+"""Spark pipeline benchmark: rebuild throughput and decode rates, against the store's own code.
+
+    .venv/bin/python bench/pipeline.py [--mb 96] [--body 512] [--dir DIR]
+
+Writes a commit log of about `--mb` MB through the real store, then, in one run, prints:
+- rebuild throughput (MB/s of commit log) of the ConsumeQueue files on Spark with local[1] and
+  local[2], and of the store's own single dispatcher on the same log (with the byte-identical
+  check of both outputs);
+- the store's single-thread decode rate (record.decode over the log, as the rebuild reads it) and
+  the decode rate of Spark tasks (a full read of the rebuild's columns into a no-op sink, local[1]),
+  i.e. per core;
+- the Arrow path (read() yields pyarrow.RecordBatch) against yielding rows, all columns, local[1].
+
+Targets (issue 5): local[2] >= 1.6x local[1]; Spark-task decode within 2x of the store's own
+single-thread rate per core.  The machine is shared and has 2 cores: compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tidemq.pipeline import spark_session  # noqa: E402
+from tidemq.pipeline import plan as planning  # noqa: E402
+from tidemq.pipeline.rebuild import UNIT_COLUMNS, rebuild  # noqa: E402
+from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
+from tidemq.store.commit_log import CommitLog  # noqa: E402
+from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
+
+SEGMENT = 64 << 20
+UNITS_PER_FILE = 300_000
+TOPICS = 8
+QUEUES = 8
+
+
+def write_log(store: Path, mb: int, body_size: int) -> int:
+    """Messages into a fresh store until the log holds about `mb` MB; returns the log's bytes."""
+    body = os.urandom(body_size)
+    target = mb << 20
+    with MessageStore(store, StoreConfig(segment_size=SEGMENT)) as s:
+        i = 0
+        end = 0
+        while end < target:
+            r = s.put(Message(f"topic-{i % TOPICS}", body, i % QUEUES, tags=f"tag-{i % 5}", keys=[f"k{i}"]))
+            end = r.commit_log_offset + r.size
+            i += 1
+        s.wait_dispatched(timeout=600)
+    return end
+
+
+def store_dispatch(store: Path, out: Path, end: int) -> float:
+    """Seconds for the store's own single dispatcher to build every ConsumeQueue from the log."""
+    commit_log = CommitLog(store / "commitlog", SEGMENT)
+    queues = ConsumeQueueStore(out, UNITS_PER_FILE)
+    dispatcher = Dispatcher(commit_log, [queues], commit_log.min_offset)
+    t0 = time.perf_counter()
+    dispatcher.dispatch_until(end, notify=False)
+    queues.flush()
+    elapsed = time.perf_counter() - t0
+    queues.close()
+    commit_log.close()
+    return elapsed
+
+
+def store_decode(store: Path, **options) -> tuple[float, int]:
+    """Seconds for one thread to decode every record with `record.decode`, and the count."""
+    count = 0
+    t0 = time.perf_counter()
+    for _, path, _ in planning.segments(str(store / "commitlog")):
+        mm = planning.map_segment(path)
+        base = int(Path(path).name)
+        pos = 0
+        while True:
+            result = record.decode(mm, pos, base_offset=base, **options)
+            if type(result) is not record.Record:
+                break
+            pos += result.total_size
+            count += 1
+        del result
+        mm.close()
+    return time.perf_counter() - t0, count
+
+
+def session(master: str):
+    spark = spark_session(
+        master,
+        {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "2g"},
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def timed_read(spark, store: Path, partition_size: str, **options) -> float:
+    reader = spark.read.format("tidemq-commitlog").option("partitionSize", partition_size)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    t0 = time.perf_counter()
+    reader.load(str(store)).write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def same_files(a: Path, b: Path) -> bool:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=96, help="commit-log size to write (MB)")
+    parser.add_argument("--body", type=int, default=512, help="message body bytes")
+    parser.add_argument("--partition-size", default="8m", help="bytes of log per Spark task")
+    parser.add_argument("--dir", help="work directory (default: a temporary one)")
+    args = parser.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="tidemq-bench-pipeline-"))
+    root.mkdir(parents=True, exist_ok=True)
+    store = root / "store"
+    try:
+        t0 = time.perf_counter()
+        size = write_log(store, args.mb, args.body)
+        mb = size / 1e6
+        print(f"log: {mb:.1f} MB, {args.body}-byte bodies, {TOPICS} topics x {QUEUES} queues, written in {time.perf_counter() - t0:.1f} s")
+
+        dispatch_s = store_dispatch(store, root / "dispatcher", size)
+        decode_s, records = store_decode(store, check_crc=True, read_body=False, read_properties=True)
+        print(f"store dispatcher (1 thread):      {mb / dispatch_s:8.1f} MB/s  ({records / dispatch_s:,.0f} records/s)")
+        print(f"store decode     (1 thread):      {mb / decode_s:8.1f} MB/s  ({records / decode_s:,.0f} records/s)")
+
+        figures = {}
+        for master in ("local[1]", "local[2]"):
+            spark = session(master)
+            # warm up the JVM and the Python workers on a small read before timing
+            timed_read(spark, store, args.partition_size, endOffset=str(4 << 20))
+            out = root / f"rebuild-{master[6]}"
+            t = time.perf_counter()
+            rebuild(spark, store, out, units_per_file=UNITS_PER_FILE, partition_size=args.partition_size)
+            figures[f"rebuild {master}"] = time.perf_counter() - t
+            assert same_files(root / "dispatcher", out), "rebuild differs from the dispatcher's files"
+            figures[f"decode {master}"] = timed_read(spark, store, args.partition_size, columns=UNIT_COLUMNS)
+            if master == "local[1]":
+                figures["arrow local[1]"] = timed_read(spark, store, args.partition_size)
+                figures["rows local[1]"] = timed_read(spark, store, args.partition_size, output="rows")
+            spark.stop()
+
+        for name in ("rebuild local[1]", "rebuild local[2]"):
+            print(f"{name + ' (Spark):':<34}{mb / figures[name]:8.1f} MB/s  (byte-identical to the dispatcher)")
+        for name in ("decode local[1]", "decode local[2]"):
+            print(f"{name + ' (Spark read):':<34}{mb / figures[name]:8.1f} MB/s  ({records / figures[name]:,.0f} records/s)")
+        for name in ("arrow local[1]", "rows local[1]"):
+            print(f"{name + ', all columns:':<34}{mb / figures[name]:8.1f} MB/s")
+        print()
+        print(f"rebuild local[2] / local[1]:           {figures['rebuild local[1]'] / figures['rebuild local[2]']:.2f}x  (target >= 1.6x)")
+        print(f"read    local[2] / local[1]:           {figures['decode local[1]'] / figures['decode local[2]']:.2f}x")
+        print(f"store decode / Spark-task decode:      {figures['decode local[1]'] / decode_s:.2f}x slower per core (target <= 2x)")
+        print(f"rebuild local[1] / store dispatcher:   {dispatch_s / figures['rebuild local[1]']:.2f}x")
+        print(f"rebuild local[2] / store dispatcher:   {dispatch_s / figures['rebuild local[2]']:.2f}x")
+        print(f"Arrow batches / rows:                  {figures['rows local[1]'] / figures['arrow local[1]']:.2f}x faster")
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Rebuild the key index (`{store}/index/`, spec §7) from the CommitLog on Spark.
+
+The index is one sequence of entries in commit-log order — each entry links to the previous one of
+its hash slot, across the whole file — so it is written by a single task: Spark decodes the log
+in parallel, turns each record into its entries (UNIQ_KEY first, then every KEYS entry; ROLLBACK
+records get none, as the store's sink does), sorts them by commit-log offset into one partition,
+and that task appends them with the store's own `KeyIndex.append_entries`, so the files are
+byte-identical to what the store's dispatcher builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from ..store import record
+from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, HEADER, HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE, key_hashes
+from ..store.key_index import KeyIndex
+
+SINK_NAME = "tidemq-keyindex"
+INDEX_COLUMNS = "topic,commit_log_offset,size,store_timestamp,unique_key,keys,sysflag"
+
+
+def index_geometry(directory: Path) -> tuple[int, int] | None:
+    """(hash slots, max entries) of an existing index's files, which keep their geometry."""
+    if not directory.is_dir():
+        return None
+    for path in sorted(directory.iterdir()):
+        if path.name.isdigit() and len(path.name) == 17 and path.stat().st_size > HEADER_SIZE:
+            with open(path, "rb") as f:
+                slots = HEADER.unpack(f.read(HEADER_SIZE))[4]
+            size = path.stat().st_size
+            if slots > 0 and size > HEADER_SIZE + slots * SLOT_SIZE:
+                return slots, (size - HEADER_SIZE - slots * SLOT_SIZE) // ENTRY_SIZE
+    return None
+
+
+@dataclass
+class IndexSummary(WriterCommitMessage):
+    entries: int
+    files: int
+
+
+def append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int) -> IndexSummary:
+    """Entries sorted by (commit-log offset, position in the record) into a fresh KeyIndex."""
+    index = KeyIndex(Path(directory), hash_slots, max_entries)
+    entries = 0
+    try:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            topics = batch.column("topic").to_pylist()
+            keys = batch.column("key").to_pylist()
+            phys = batch.column("commit_log_offset").to_numpy().astype(np.int64)
+            ends = phys + batch.column("size").to_numpy().astype(np.int64)
+            times = batch.column("store_ms").to_numpy().astype(np.int64)
+            hashes = key_hashes([f"{t}#{k}" for t, k in zip(topics, keys)])
+            index.append_entries(hashes, phys, times, int(ends[-1]))
+            entries += batch.num_rows
+        index.flush()
+        return IndexSummary(entries, len(index.files))
+    finally:
+        index.close()
+
+
+class KeyIndexSink(DataSource):
+    """`tidemq-keyindex`: write-only; options path (the index directory), hashSlots, maxEntries."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def writer(self, schema, overwrite: bool) -> "KeyIndexWriter":
+        return KeyIndexWriter(self.options["path"], int(self.options["hashSlots"]), int(self.options["maxEntries"]))
+
+
+class KeyIndexWriter(DataSourceArrowWriter):
+    def __init__(self, directory: str, hash_slots: int, max_entries: int) -> None:
+        self.directory, self.hash_slots, self.max_entries = directory, hash_slots, max_entries
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> IndexSummary:
+        return append_entries(iterator, self.directory, self.hash_slots, self.max_entries)
+
+
+def key_entries(df):
+    """One row per index entry, in one partition, in the order the store's sink appends them."""
+    from pyspark.sql import functions as F
+
+    mask = record.TRANSACTION_TYPE_MASK
+    df = df.where(df.sysflag.bitwiseAND(mask) != record.TRANSACTION_ROLLBACK)
+    unique = F.when(df.unique_key.isNotNull() & (df.unique_key != ""), F.array(df.unique_key)).otherwise(
+        F.array().cast("array<string>")
+    )
+    entries = df.select(
+        "topic",
+        "commit_log_offset",
+        "size",
+        F.unix_millis("store_timestamp").alias("store_ms"),
+        F.posexplode(F.concat(unique, df["keys"])).alias("pos", "key"),
+    )
+    return entries.repartition(1).sortWithinPartitions("commit_log_offset", "pos")
+
+
+def write_key_index(spark, df, directory: Path, hash_slots: int | None, max_entries: int | None) -> None:
+    """Append the entries of `df` (the source with INDEX_COLUMNS) into a new index at `directory`."""
+    spark.dataSource.register(KeyIndexSink)
+    (
+        key_entries(df)
+        .write.format(SINK_NAME)
+        .mode("append")
+        .option("hashSlots", str(hash_slots or DEFAULT_HASH_SLOTS))
+        .option("maxEntries", str(max_entries or DEFAULT_MAX_ENTRIES))
+        .save(str(directory.resolve()))
+    )
