@@ -213,3 +213,15 @@ def test_unknown_topics_and_groups_when_auto_creation_is_off(strict_server):
         assert receive_statuses(stub, group="Known", topic="Exists") == [pb.OK]
     finally:
         channel.close()
+
+
+def test_a_batch_send_answers_per_message(stub):
+    request = send_request(topic="Batched", message_id="B1")
+    bad = send_request(topic="Batched", message_id="B2", tag="a|b").messages[0]
+    good = send_request(topic="Batched", message_id="B3").messages[0]
+    request.messages.extend([bad, good])
+    response = stub.SendMessage(request, metadata=META, timeout=5)
+    assert response.status.code == pb.MULTIPLE_RESULTS
+    assert [e.status.code for e in response.entries] == [pb.OK, pb.ILLEGAL_MESSAGE_TAG, pb.OK]
+    assert [e.message_id for e in response.entries] == ["B1", "B2", "B3"]
+    assert response.entries[2].offset == response.entries[0].offset + 1  # one queue, in order

@@ -214,21 +214,53 @@ class Broker:
         return topic
 
     async def send(self, msg: Publish, peer_host: str = "127.0.0.1") -> SendResult:
-        topic = self.check_publish(msg)
+        (result,) = await self.send_batch([msg], peer_host)
+        if isinstance(result, BrokerError):
+            raise result
+        return result
+
+    async def send_batch(self, messages: list[Publish], peer_host: str = "127.0.0.1") -> list[SendResult | BrokerError]:
+        """Store the acceptable messages of a batch together, in order, on one queue per topic
+        (round-robin between batches); per message its result or why it was refused."""
+        results: list[SendResult | BrokerError | None] = [None] * len(messages)
+        accepted: list[tuple[int, Message]] = []
+        queue_of: dict[str, int] = {}
+        for i, msg in enumerate(messages):
+            try:
+                topic = self.check_publish(msg)
+            except BrokerError as exc:
+                results[i] = exc
+                continue
+            qid = queue_of.get(topic.name)
+            if qid is None:
+                qid = queue_of[topic.name] = self._next_write_queue(topic)
+            properties = dict(msg.properties)
+            properties[record.PROPERTY_UNIQ_KEY] = msg.message_id
+            accepted.append((i, Message(
+                topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
+                properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
+                born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
+            )))
+        if accepted:
+            try:
+                stored = await self._put([m for _, m in accepted])
+            except BrokerError as exc:
+                stored, failure = [], exc
+            for n, (i, message) in enumerate(accepted):
+                if n < len(stored):
+                    put = stored[n]
+                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset)
+                else:
+                    results[i] = failure
+            self.stats["sent"] += len(stored)
+        return results
+
+    def _next_write_queue(self, topic: TopicConfig) -> int:
         qid = self._round_robin.get(topic.name, -1) + 1
         if qid >= topic.queue_nums:
             qid = 0
         self._round_robin[topic.name] = qid
-        properties = dict(msg.properties)
-        properties[record.PROPERTY_UNIQ_KEY] = msg.message_id
-        message = Message(
-            topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
-            properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
-            born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
-        )
-        put = await self._put(message)
-        self.stats["sent"] += 1
-        return SendResult(msg.message_id, qid, put.queue_offset, put.commit_log_offset)
+        return qid
 
     def _born_host(self, host: str, peer_host: str) -> str:
         known = self._hosts.get(host)
@@ -238,11 +270,23 @@ class Broker:
                 self._hosts[host] = known
         return known or peer_host
 
-    async def _put(self, message: Message):
+    async def _put(self, messages: list[Message]):
+        """Append, then wait (without a thread) until the flush policy is satisfied."""
         try:
             if self._put_inline:
-                return self.store.put(message)
-            return await asyncio.get_running_loop().run_in_executor(None, self.store.put, message)
+                return self.store.put_batch(messages) if len(messages) > 1 else [self.store.put(messages[0])]
+            loop = asyncio.get_running_loop()
+            durable = loop.create_future()
+
+            def on_durable(result, error) -> None:  # flush thread (or inline)
+                loop.call_soon_threadsafe(_settle, durable, result, error)
+
+            if len(messages) > 1:
+                self.store.put_batch(messages, on_durable)
+            else:
+                self.store.put(messages[0], on_durable)
+            result = await durable
+            return result if isinstance(result, list) else [result]
         except InvalidMessageError as exc:
             raise BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}") from None
         except FlushTimeoutError as exc:
@@ -474,11 +518,11 @@ class Broker:
                 properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, rec.msg_id)
                 properties[PROPERTY_MAX_RECONSUME_TIMES] = str(group.retry_max_times)
                 try:
-                    await self._put(Message(
+                    await self._put([Message(
                         topic=dlq.name, body=rec.body, queue_id=0, properties=properties,
                         flag=rec.flag, sysflag=rec.sysflag & record.FLAG_COMPRESSED,
                         born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=d.attempt,
-                    ))
+                    )])
                 except BrokerError as exc:
                     log.error("could not move %s/%d@%d to %s (%s); it stays in flight and is retried",
                               rec.topic, d.queue_id, d.queue_offset, dlq.name, exc.message)
@@ -510,6 +554,15 @@ class Broker:
                         self.stats["auto_renewals"] += 1
                     changed += 1
         return changed
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _host_or(host: str, fallback: str) -> str:

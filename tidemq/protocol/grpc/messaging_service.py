@@ -90,16 +90,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def SendMessage(self, request, context):
         if not request.messages:
             raise BrokerError(Code.BAD_REQUEST, "no message to send")
-        peer = _peer_host(context)
-        entries = []
+        publishes, results = [], []
         for message in request.messages:
             try:
-                result = await self.broker.send(convert.publish_from(message), peer)
+                publishes.append(convert.publish_from(message))
+            except BrokerError as exc:
+                publishes.append(exc)
+        stored = iter(await self.broker.send_batch([p for p in publishes if not isinstance(p, BrokerError)],
+                                                   _peer_host(context)))
+        entries = []
+        for message, publish in zip(request.messages, publishes):
+            result = publish if isinstance(publish, BrokerError) else next(stored)
+            if isinstance(result, BrokerError):
+                entries.append(svc.SendResultEntry(status=convert.status(result.code, result.message),
+                                                   message_id=message.system_properties.message_id))
+            else:
                 entries.append(svc.SendResultEntry(status=convert.OK, message_id=result.message_id,
                                                    offset=result.queue_offset))
-            except BrokerError as exc:
-                entries.append(svc.SendResultEntry(status=convert.status(exc.code, exc.message),
-                                                   message_id=message.system_properties.message_id))
         codes = {e.status.code for e in entries}
         top = entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS)
         return svc.SendMessageResponse(status=top, entries=entries)
