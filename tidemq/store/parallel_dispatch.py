@@ -61,6 +61,8 @@ MIN_RECORD_SIZE = 91
 
 DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
+CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
+CRASH_EXIT_CODE = 75
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,6 +109,8 @@ class BatchBuilder:
         self._segments: dict[str, mmap.mmap] = {}
         self._units_per_file: dict[QueueKey, int] = {}
         self._files: dict[tuple[str, int, int], mmap.mmap] = {}
+        self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
+        self.coordinator_pid = 0  # set in a worker: stop within 1024 records if the coordinator dies
 
     def _segment(self, task: BatchTask) -> mmap.mmap:
         mm = self._segments.get(task.segment_path)
@@ -167,6 +171,7 @@ class BatchBuilder:
         records = 0
         last_ts = 0
         error = None
+        exit_countdown = self.exit_after_units
         while pos < stop:
             rec = decode(mm, pos, base_offset=base, check_crc=False, read_body=False)
             if type(rec) is not Record:
@@ -187,6 +192,10 @@ class BatchBuilder:
                 if qmm is None:
                     qmm = self._queue_file(topic, queue_id, file_start, upf)
                 unit_pack(qmm, (slot - file_start) * UNIT_SIZE, rec.commit_log_offset, rec.total_size, tags_code(properties.get(record.PROPERTY_TAGS)))
+                if exit_countdown:
+                    exit_countdown -= 1
+                    if not exit_countdown:
+                        os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
                 state = written.get(key)
                 if state is None:
                     written[key] = [slot, slot + 1, None]
@@ -213,6 +222,8 @@ class BatchBuilder:
             records += 1
             last_ts = rec.store_timestamp
             pos += rec.total_size
+            if not records & 1023 and self.coordinator_pid and os.getppid() != self.coordinator_pid:
+                os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
         queues = [(k[0], k[1], s[0], s[1] - s[0], s[2]) for k, s in written.items()]
         return BatchResult(
             batch_id=task.batch_id,
@@ -242,6 +253,17 @@ class BatchBuilder:
 def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
     """A worker process: build each task it receives and send back the result; None stops it."""
     builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
+    builder.coordinator_pid = os.getppid()
+    # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
+    # dies after writing N units of its first batch
+    crash = os.environ.get(CRASH_ENV)
+    if crash:
+        count, _, marker = crash.partition(":")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            builder.exit_after_units = int(count)
+        except FileExistsError:
+            pass
     try:
         while True:
             try:

@@ -1,0 +1,369 @@
+"""Parallel, order-preserving dispatch (RIP-52): commit frontiers, out-of-order completion,
+worker processes, and crashes of a worker and of the whole store."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tidemq.store import Message, MessageStore, StoreConfig, record
+from tidemq.store.commit_log import CommitLog
+from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.store.key_index import KeyIndex
+from tidemq.store.parallel_dispatch import CRASH_ENV, BatchBuilder, ParallelDispatcher
+
+STORE_HOST = ("127.0.0.1", 10911)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_log(directory: Path, queues: list[tuple[str, int]], segment_size: int = 16 * 1024) -> tuple[CommitLog, dict]:
+    """A commit log with one record per entry of `queues` (topic, queue id), queue offsets
+    assigned in log order as the store does; every record has a UNIQ_KEY and one KEYS entry."""
+    log = CommitLog(directory / "commitlog", segment_size)
+    assigned: dict[tuple[str, int], int] = {}
+    for i, (topic, queue_id) in enumerate(queues):
+        properties = {
+            record.PROPERTY_TAGS: f"tag{i % 3}",
+            record.PROPERTY_KEYS: f"key{i % 17} order{i}",
+            record.PROPERTY_UNIQ_KEY: f"UNIQ{i:012d}",
+        }
+        encoded = record.prepare(
+            topic=topic,
+            body=b"body-%d" % i * (1 + i % 4),
+            queue_id=queue_id,
+            properties_bytes=record.encode_properties(properties),
+            store_host=STORE_HOST,
+            born_host=("127.0.0.1", 0),
+            born_timestamp=1_700_000_000_000 + i,
+        )
+        offset = assigned.get((topic, queue_id), 0)
+        log.append(encoded, offset, 1_700_000_000_000 + 7 * i)
+        assigned[(topic, queue_id)] = offset + 1
+    return log, assigned
+
+
+def sequential_build(log: CommitLog, out: Path, units: int, slots: int = 64, entries: int = 200) -> None:
+    queues = ConsumeQueueStore(out / "consumequeue", units)
+    index = KeyIndex(out / "index", slots, entries)
+    Dispatcher(log, [queues, index], log.min_offset).dispatch_until(log.write_position)
+    queues.close()
+    index.close()
+
+
+def same_tree(a: Path, b: Path) -> list[str]:
+    """Relative paths that differ (missing on one side or different bytes)."""
+    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
+    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    differ = sorted(str(p) for p in files_a ^ files_b)
+    differ += sorted(str(p) for p in files_a & files_b if not filecmp.cmp(a / p, b / p, shallow=False))
+    return differ
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed's example
+
+
+def test_seed_example_frontier_moves_only_over_contiguous_slots(tmp_path):
+    cq = ConsumeQueue(tmp_path, "t", 0, units_per_file=16)
+    cq.initialize_at(0)
+    seen: list[list[int]] = []
+
+    def read() -> list[int]:
+        units = [u.commit_log_offset for u in cq.read(0, 100)]
+        seen.append(units)
+        return units
+
+    m = {n: 1000 * n for n in range(1, 6)}  # m1..m5 at slots 0..4
+    for n in (1, 2, 5):
+        cq.write(n - 1, m[n], 100, 0)
+        cq.commit(n - 1)
+    assert cq.commit_frontier == 2  # after m2: m5 is written but not visible
+    assert read() == [m[1], m[2]]
+    cq.write(2, m[3], 100, 0)
+    assert cq.commit(2)
+    assert cq.commit_frontier == 3
+    assert read() == [m[1], m[2], m[3]]
+    cq.write(3, m[4], 100, 0)
+    assert cq.commit(3)
+    assert cq.commit_frontier == 5  # the largest committable position: after m5
+    assert read() == [m[1], m[2], m[3], m[4], m[5]]
+    # readers never saw m5 before m3
+    assert all(m[5] not in s or m[3] in s for s in seen)
+
+
+def test_seed_example_with_range_commits(tmp_path):
+    cq = ConsumeQueue(tmp_path, "t", 0, units_per_file=16)
+    cq.initialize_at(0)
+    for slot in (0, 1, 4):
+        cq.write(slot, 100 * slot + 100, 10, 0)
+    assert cq.commit_range(0, 2)
+    assert not cq.commit_range(4, 5)
+    assert cq.commit_frontier == 2
+    for slot in (2, 3):
+        cq.write(slot, 100 * slot + 100, 10, 0)
+    assert cq.commit_range(2, 4)
+    assert cq.commit_frontier == 5
+    assert [u.queue_offset for u in cq.read(0, 10)] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# Arbitrary completion orders (the coordinator driven in-process, workers simulated)
+
+
+class ScriptedDispatcher(ParallelDispatcher):
+    """Batches are built by an in-process BatchBuilder, either when submitted or when answered,
+    and answered in an order chosen by `rng`; after every answer the readers' view is checked."""
+
+    def __init__(self, *args, rng: random.Random, check, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rng = rng
+        self.check = check
+        self.builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
+        self.pending: list[tuple] = []
+
+    def _submit(self, task) -> None:
+        early = self.builder.build(task) if self.rng.random() < 0.5 else None  # written, not answered
+        self.pending.append((task, early))
+
+    def _collect(self):
+        done = [self._done.pop(i) for i in sorted(self._done)]
+        if done or not self.pending:
+            return done
+        self.rng.shuffle(self.pending)
+        take = self.rng.randint(1, len(self.pending))
+        chosen, self.pending = self.pending[:take], self.pending[take:]
+        return [early if early is not None else self.builder.build(task) for task, early in chosen]
+
+    def _complete(self, result, changes):
+        total = super()._complete(result, changes)
+        self.check()
+        return total
+
+
+queue_layouts = st.sampled_from(["many", "few", "hot"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layout=queue_layouts,
+    count=st.integers(50, 400),
+    workers=st.integers(1, 4),
+    batch_bytes=st.integers(300, 6000),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_path_factory, layout, count, workers, batch_bytes, seed):
+    base = tmp_path_factory.mktemp("orders")
+    rng = random.Random(seed)
+    if layout == "many":
+        queues = [(f"topic{rng.randrange(3)}", rng.randrange(40)) for _ in range(count)]
+    elif layout == "few":
+        queues = [("t", rng.randrange(3)) for _ in range(count)]
+    else:
+        queues = [("hot", 0) if rng.random() < 0.9 else ("cold", rng.randrange(4)) for _ in range(count)]
+    log, assigned = build_log(base / "log", queues, segment_size=8192)
+    sequential_build(log, base / "sequential", units=32)
+    expected = {key: ConsumeQueue(base / "sequential" / "consumequeue", *key) for key in assigned}
+
+    cqs = ConsumeQueueStore(base / "parallel" / "consumequeue", 32)
+    index = KeyIndex(base / "parallel" / "index", 64, 200)
+    frontiers: dict = {}
+
+    def check() -> None:
+        for key, cq in cqs.queues.items():
+            units = cq.read(0, 10_000)
+            # no gap, no reordering: exactly the first slots, equal to the sequential build
+            assert [u.queue_offset for u in units] == list(range(len(units)))
+            assert units == expected[key].read(0, len(units))
+            assert cq.commit_frontier == len(units)
+        for key, frontier in frontiers.items():
+            assert cqs.queues[key].commit_frontier >= frontier
+
+    def listener(changes) -> None:
+        for key, frontier in changes.items():
+            assert frontier > frontiers.get(key, 0), "a listener was told of nothing new"
+            assert cqs.queues[key].commit_frontier >= frontier
+            frontiers[key] = frontier
+
+    dispatcher = ScriptedDispatcher(
+        log, cqs, index, 0, workers, batch_bytes=batch_bytes, inline_bytes=0, rng=rng, check=check
+    )
+    dispatcher.listeners.append(listener)
+    dispatcher.dispatch_until(log.write_position)
+    assert dispatcher.dispatched_offset == log.write_position
+    assert frontiers == assigned  # every committed entry was announced, up to the last
+    for cq in expected.values():
+        cq.close()
+    cqs.close()
+    index.close()
+    dispatcher.close()
+    assert same_tree(base / "sequential", base / "parallel") == []
+
+
+def test_dispatched_offset_never_passes_an_unfinished_batch(tmp_path):
+    """Batches answered newest first: the dispatched offset (what the checkpoint records) stays
+    at the start of the oldest unanswered batch."""
+    log, _ = build_log(tmp_path / "log", [("t", i % 5) for i in range(300)], segment_size=1 << 20)
+    cqs = ConsumeQueueStore(tmp_path / "cq", 1000)
+    dispatcher = ParallelDispatcher(log, cqs, None, 0, 4, batch_bytes=2000, inline_bytes=0)
+    tasks = []
+    dispatcher._submit = tasks.append
+    dispatcher._fill(log.write_position)
+    assert len(tasks) == 8
+    builder = BatchBuilder(str(cqs.root), 1000, False)
+    for task in reversed(tasks[1:]):
+        dispatcher._complete(builder.build(task), {})
+        assert dispatcher.dispatched_offset == 0
+    assert all(cq.commit_frontier == 0 for cq in cqs.queues.values())  # new queues wait for the head
+    dispatcher._complete(builder.build(tasks[0]), {})
+    assert dispatcher.dispatched_offset == tasks[-1].end
+    builder.close()
+    cqs.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Real worker processes
+
+
+def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
+    rng = random.Random(7)
+    layout = [("hot", 0)] * 1500 + [(f"t{rng.randrange(4)}", rng.randrange(300)) for _ in range(1500)]
+    rng.shuffle(layout)
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    sequential_build(log, tmp_path / "sequential", units=64)
+    cqs = ConsumeQueueStore(tmp_path / "parallel" / "consumequeue", 64)
+    index = KeyIndex(tmp_path / "parallel" / "index", 64, 200)
+    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=16 * 1024, inline_bytes=0)
+    try:
+        assert dispatcher.dispatch_until(log.write_position) == len(layout)
+        pids = dispatcher.worker_pids()
+        assert len(pids) == 2 and os.getpid() not in pids  # built by other processes
+        assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
+    finally:
+        dispatcher.close()
+        cqs.close()
+        index.close()
+    assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
+
+
+def test_a_worker_killed_mid_batch_is_replaced_and_its_batch_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv(CRASH_ENV, f"25:{tmp_path / 'crashed'}")
+    layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    sequential_build(log, tmp_path / "sequential", units=64)
+    cqs = ConsumeQueueStore(tmp_path / "parallel" / "consumequeue", 64)
+    index = KeyIndex(tmp_path / "parallel" / "index", 64, 200)
+    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=8 * 1024, inline_bytes=0)
+    try:
+        dispatcher.dispatch_until(log.write_position)
+        assert (tmp_path / "crashed").exists()
+        assert dispatcher.workers_restarted == 1
+        assert dispatcher.dispatched_offset == log.write_position
+    finally:
+        dispatcher.close()
+        cqs.close()
+        index.close()
+    assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
+
+
+def test_store_with_workers_serves_every_queue_in_order(tmp_path):
+    cfg = StoreConfig(segment_size=256 * 1024, consume_queue_units=500, dispatch_workers=2,
+                      index_hash_slots=512, index_max_entries=4000)
+    arrivals: list[dict] = []
+    with MessageStore(tmp_path, cfg) as store:
+        assert isinstance(store.dispatcher, ParallelDispatcher)
+        store.subscribe(lambda changes: arrivals.append(dict(changes)))
+        results = [store.put(Message(topic="t", body=b"x" * 200, queue_id=i % 5, keys=[f"k{i}"])) for i in range(5000)]
+        assert store.wait_dispatched(60)
+        for q in range(5):
+            got = store.get("t", q, 0, 10_000)
+            assert [m.queue_offset for m in got.messages] == list(range(1000))
+        assert store.query_message("t", "k4321")[0].commit_log_offset == results[4321].commit_log_offset
+        lag = store.dispatch_lag()
+        assert lag.bytes == 0 and set(lag.sinks) == {"consume_queue", "key_index"}
+    last: dict = {}
+    for changes in arrivals:
+        for key, frontier in changes.items():
+            assert frontier > last.get(key, 0)
+            last[key] = frontier
+    assert last == {("t", q): 1000 for q in range(5)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole store killed mid-dispatch
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from tidemq.store import Message, MessageStore, StoreConfig
+
+    cfg = StoreConfig(segment_size=128 * 1024, consume_queue_units=300, dispatch_workers=2,
+                      index_hash_slots=256, index_max_entries=1500, maintenance_interval_ms=50)
+    store = MessageStore(sys.argv[1], cfg)
+    calls = []
+
+    def stop_mid_dispatch(changes):
+        calls.append(changes)
+        if len(calls) == int(sys.argv[2]):
+            print("READY", flush=True)
+            sys.stdin.read()  # blocks the dispatch thread until the parent kills this process
+
+    store.subscribe(stop_mid_dispatch)
+    for i in range(6000):
+        store.put(Message(topic=f"t{i % 2}", body=b"y" * (50 + i % 150), queue_id=i % 7, keys=[f"k{i}", f"g{i % 13}"]))
+    print("PUT", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_store_killed_mid_dispatch_rebuilds_indexes_exactly(tmp_path):
+    store_dir = tmp_path / "store"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(store_dir), "3"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO_ROOT, text=True, start_new_session=True,
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.strip() in ("READY", "PUT")
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the store and its dispatch workers, all at once
+        child.wait()
+    assert (store_dir / "abort").exists()
+    cfg = StoreConfig(segment_size=128 * 1024, consume_queue_units=300, dispatch_workers=2,
+                      index_hash_slots=256, index_max_entries=1500)
+    with MessageStore(store_dir, cfg) as store:
+        assert store.recovery.abnormal
+        assert store.wait_dispatched(60)
+        keys_seen = {}
+        for topic, queue_id in store.queues():
+            got = store.get(topic, queue_id, 0, 100_000)
+            assert [m.queue_offset for m in got.messages] == list(range(store.max_offset(topic, queue_id)))
+            for m in got.messages:
+                assert m.keys[0] not in keys_seen  # no message visible twice
+                keys_seen[m.keys[0]] = m
+        total = len(keys_seen)
+        assert total > 0
+        for name in list(keys_seen)[:: max(1, total // 50)]:
+            m = keys_seen[name]
+            assert [r.commit_log_offset for r in store.query_message(m.topic, name)] == [m.commit_log_offset]
+    # the indexes equal a from-scratch single-thread build of the recovered log
+    log = CommitLog(store_dir / "commitlog")
+    log.write_position = max(s.end for s in log.segments)
+    from tidemq.store.recovery import scan_log
+
+    log.write_position = scan_log(log, 0).end
+    sequential_build(log, tmp_path / "rebuilt", units=300, slots=256, entries=1500)
+    log.close()
+    for sub in ("consumequeue", "index"):
+        assert same_tree(tmp_path / "rebuilt" / sub, store_dir / sub) == []
