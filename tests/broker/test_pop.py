@@ -279,3 +279,17 @@ def test_renewals_do_not_grow_the_deadline_heap_without_bound(harness):
     assert len(sub._due) <= 4097
     harness.clock.advance(broker.config.auto_renew_invisible_time_ms + 10_001)
     assert bodies(harness.receive("G", "T")) == [b"m0"]
+
+
+def test_forward_to_dead_letter_moves_the_message_at_once(harness):
+    harness.send("T", b"give up", tag="t")
+    (r,) = harness.receive("G", "T", invisible_ms=10_000)
+    harness.run(harness.broker.forward_to_dead_letter("G", "T", r.receipt_handle))
+    harness.store.wait_dispatched()
+    harness.clock.advance(10_000)
+    assert harness.receive("G", "T") == []
+    (dead,) = harness.receive("Reader", dead_letter_topic("G"))
+    assert dead.record.body == b"give up"
+    with pytest.raises(BrokerError) as err:
+        harness.run(harness.broker.forward_to_dead_letter("G", "T", r.receipt_handle))
+    assert err.value.code == Code.INVALID_RECEIPT_HANDLE

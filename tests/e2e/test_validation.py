@@ -95,6 +95,9 @@ def receive_statuses(stub, group="VG", topic="NothingHere", invisible_ms=15_000,
     (dict(message_id=""), pb.ILLEGAL_MESSAGE_ID),
     (dict(message_id="  "), pb.ILLEGAL_MESSAGE_ID),
     (dict(message_group="g1", message_type=pb.FIFO), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    (dict(lite_topic=" ", message_type=pb.LITE), pb.ILLEGAL_LITE_TOPIC),
+    (dict(lite_topic="a/b", message_type=pb.LITE), pb.ILLEGAL_LITE_TOPIC),
+    (dict(lite_topic="x" * 65, message_type=pb.LITE), pb.ILLEGAL_LITE_TOPIC),
     (dict(message_type=pb.TRANSACTION), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
 ], ids=lambda v: str(v)[:40] if isinstance(v, dict) else pb.Code.Name(v))
 def test_send_validation(stub, kw, code):

@@ -199,6 +199,7 @@ class Broker:
         validation.check_tag(msg.tag)
         validation.check_keys(msg.keys)
         validation.check_message_group(msg.message_group, cfg)
+        validation.check_lite_topic(msg.lite_topic)
         validation.check_properties(msg.properties, msg.tag, msg.keys, cfg)
         validation.check_body(msg.body, cfg)
         if not msg.message_id or not msg.message_id.strip():

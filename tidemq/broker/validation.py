@@ -122,6 +122,17 @@ def check_message_group(message_group: str | None, config: BrokerConfig) -> None
         raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP, "message group contains a control character")
 
 
+_LITE_TOPIC = re.compile(r"^[a-zA-Z0-9_-]+$")
+
+
+def check_lite_topic(lite_topic: str | None, max_length: int = 64) -> None:
+    if lite_topic is None:
+        return
+    if not lite_topic.strip() or len(lite_topic) > max_length or not _LITE_TOPIC.match(lite_topic):
+        raise BrokerError(Code.ILLEGAL_LITE_TOPIC, f"lite topic {lite_topic!r} is blank, longer than {max_length} "
+                          "or has characters outside [a-zA-Z0-9_-]")
+
+
 def check_body(body: bytes, config: BrokerConfig) -> None:
     if not body:
         raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
