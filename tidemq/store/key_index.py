@@ -77,7 +77,6 @@ class KeyIndex:
         abnormal: bool,
         checkpoint_timestamp: int,
         store_time_of: Callable[[int], int | None],
-        record_end_of: Callable[[int], int | None],
     ) -> None:
         """Make the index a prefix of the recovered log and set `indexed_until`."""
         with self._lock:
@@ -95,10 +94,16 @@ class KeyIndex:
                 if last.entry_count:
                     break
                 self.files.pop().destroy()
-        covered = log_start
-        if self.files:
-            end = record_end_of(self.files[-1].end_phy)
-            covered = end if end is not None else self.files[-1].end_phy
+            # the newest record's entries may be split over two files, and the second may have
+            # been destroyed: drop that record everywhere and index it again, whole
+            covered = log_start
+            if self.files:
+                covered = self.files[-1].end_phy
+                while self.files and self.files[-1].end_phy >= covered:
+                    self.files[-1].truncate(covered, store_time_of)
+                    if self.files[-1].entry_count:
+                        break
+                    self.files.pop().destroy()
         self.indexed_until = min(max(covered, log_start), log_end)
         self.last_store_timestamp = self.files[-1].end_timestamp if self.files else 0
 
@@ -113,11 +118,7 @@ class KeyIndex:
             rec = read(phy)
             return rec.store_timestamp if rec is not None else None
 
-        def record_end_of(phy: int) -> int | None:
-            rec = read(phy)
-            return phy + rec.total_size if rec is not None else None
-
-        self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, record_end_of)
+        self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of)
 
     # -- the sink protocol ------------------------------------------------------------------------------
 

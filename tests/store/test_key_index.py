@@ -1,0 +1,212 @@
+"""The key index: IndexFile layout and hashing, lookups by id and key, recovery, the CLI."""
+
+from __future__ import annotations
+
+import filecmp
+import itertools
+import struct
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidemq.cli import main as cli_main
+from tidemq.store import Message, MessageStore, StoreConfig, record
+from tidemq.store.commit_log import CommitLog
+from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.store.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, file_size, key_hash, key_hashes
+from tidemq.store.key_index import KeyIndex
+from tidemq.store.recovery import scan_log
+
+
+BASE_TS = 1_700_000_000_000
+
+
+def same_tree(a: Path, b: Path) -> list[str]:
+    """Relative paths that differ (missing on one side or different bytes)."""
+    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
+    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
+    differ = sorted(str(p) for p in files_a ^ files_b)
+    differ += sorted(str(p) for p in files_a & files_b if not filecmp.cmp(a / p, b / p, shallow=False))
+    return differ
+
+
+def small_config(**overrides) -> StoreConfig:
+    clock = itertools.count(BASE_TS, 250)  # store times 250 ms apart
+    options = dict(
+        segment_size=64 * 1024, consume_queue_units=200, index_hash_slots=64, index_max_entries=120,
+        dispatch_workers=1, clock=lambda: next(clock),
+    )
+    options.update(overrides)
+    return StoreConfig(**options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing and layout
+
+
+def test_key_hash_is_javas_absolute_hash():
+    assert key_hash("hello") == 99162322  # "hello".hashCode()
+    assert key_hash("TopicTest#OrderID188") == abs(record.java_string_hash("TopicTest#OrderID188"))
+    assert record.java_string_hash("polygenelubricants") == -(2**31)
+    assert key_hash("polygenelubricants") == 0  # abs(Integer.MIN_VALUE) is negative: RocketMQ uses 0
+
+
+@given(st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=30))
+def test_vectorised_hashes_match_one_by_one(texts):
+    assert key_hashes(texts).tolist() == [key_hash(t) for t in texts]
+
+
+def test_index_file_layout(tmp_path):
+    f = IndexFile(tmp_path / "20231114221320000", hash_slots=8, max_entries=10, create=True)
+    hashes = np.array([3, 11, 5], dtype=np.int32)  # 3 and 11 share slot 3
+    phys = np.array([100, 200, 300], dtype=np.int64)
+    times = np.array([BASE_TS, BASE_TS + 2500, BASE_TS + 7000], dtype=np.int64)
+    assert f.append(hashes, phys, times) == 3
+    f.flush()
+    f.close()
+    data = (tmp_path / "20231114221320000").read_bytes()
+    assert len(data) == file_size(8, 10) == 40 + 8 * 4 + 10 * 20
+    assert struct.unpack_from(">qqqqii", data, 0) == (BASE_TS, BASE_TS + 7000, 100, 300, 8, 4)
+    slots = struct.unpack_from(">8i", data, HEADER_SIZE)
+    assert slots[3] == 2 and slots[5] == 3 and slots.count(0) == 6
+    entries = [struct.unpack_from(">iqii", data, HEADER_SIZE + 8 * 4 + i * ENTRY_SIZE) for i in range(5)]
+    assert entries[0] == (0, 0, 0, 0)  # entry 0 is never used
+    assert entries[1] == (3, 100, 0, 0)
+    assert entries[2] == (11, 200, 2, 1)  # 2.5 s after the first, chained to entry 1
+    assert entries[3] == (5, 300, 7, 0)
+    assert entries[4] == (0, 0, 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    records=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 3)), min_size=2, max_size=60),
+    cut=st.integers(1, 59),
+    slots=st.integers(1, 16),
+)
+def test_truncate_restores_the_exact_bytes(tmp_path_factory, records, cut, slots):
+    cut = min(cut, len(records) - 1)
+    base = tmp_path_factory.mktemp("trunc")
+    hashes, phys, times = [], [], []
+    for i, (h, keys) in enumerate(records):
+        for k in range(keys):
+            hashes.append((h + k * 7919) % 2**31)
+            phys.append(1000 * i)
+            times.append(BASE_TS + 333 * i)
+    split = phys.index(1000 * cut)
+    arrays = (np.array(hashes, np.int32), np.array(phys, np.int64), np.array(times, np.int64))
+    store_time = {p: t for p, t in zip(phys, times)}
+    a = IndexFile(base / "a", slots, 300, create=True)
+    a.append(*(x[:split] for x in arrays))
+    a.flush()
+    expected = (base / "a").read_bytes()
+    a.append(*(x[split:] for x in arrays))
+    assert a.truncate(1000 * cut, store_time.get) == len(phys) - split
+    a.flush()
+    assert (base / "a").read_bytes() == expected
+    a.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the store
+
+
+def test_lookup_by_unique_key_and_keys_within_a_time_range(tmp_path):
+    with MessageStore(tmp_path, small_config()) as store:
+        results = []
+        for i in range(300):
+            results.append(store.put(Message(topic=f"t{i % 2}", body=b"%d" % i, queue_id=i % 3, keys=[f"order{i}", f"user{i % 10}"])))
+        rollback = store.put(Message(topic="t0", body=b"rb", keys=["order-rb"], sysflag=record.TRANSACTION_ROLLBACK))
+        assert store.wait_dispatched()
+        assert len(list((tmp_path / "index").iterdir())) > 1  # 120-entry files: several of them
+        by_uniq = store.query_message("t1", results[77].unique_key)
+        assert [r.commit_log_offset for r in by_uniq] == [results[77].commit_log_offset]
+        assert store.query_message("t0", results[77].unique_key) == []  # wrong topic
+        user3 = store.query_message("t1", "user3")
+        assert [r.commit_log_offset for r in user3] == [results[i].commit_log_offset for i in range(293, 0, -10)]
+        lo, hi = results[103].store_timestamp, results[153].store_timestamp
+        ranged = store.query_message("t1", "user3", begin=lo, end=hi)
+        assert [int(r.body) for r in ranged] == [153, 143, 133, 123, 113, 103]
+        assert len(store.query_message("t1", "user3", max_num=4)) == 4
+        assert store.query_message("t0", "order-rb") == []  # ROLLBACK records are not indexed
+        assert rollback.commit_log_offset > results[-1].commit_log_offset
+
+
+def test_parallel_and_single_thread_stores_build_the_same_index(tmp_path):
+    for name, workers in (("one", 1), ("two", 2)):
+        with MessageStore(tmp_path / name, small_config(dispatch_workers=workers)) as store:
+            for i in range(2000):
+                store.put(Message(topic="t", body=b"x" * (i % 300), queue_id=i % 4, keys=[f"k{i % 37}"],
+                                  properties={record.PROPERTY_UNIQ_KEY: f"U{i:06d}"}))
+            assert store.wait_dispatched(60)
+    assert same_tree(tmp_path / "one" / "index", tmp_path / "two" / "index") == []
+    assert same_tree(tmp_path / "one" / "consumequeue", tmp_path / "two" / "consumequeue") == []
+
+
+def rebuild(store_dir: Path, out: Path) -> None:
+    log = CommitLog(store_dir / "commitlog")
+    log.write_position = scan_log(log, log.min_offset).end
+    queues = ConsumeQueueStore(out / "consumequeue", 200)
+    index = KeyIndex(out / "index", 64, 120)
+    Dispatcher(log, [queues, index], log.min_offset).dispatch_until(log.write_position)
+    queues.close()
+    index.close()
+    log.close()
+
+
+def test_index_is_cut_back_with_a_torn_log_tail_and_rebuilt_exactly(tmp_path):
+    store_dir = tmp_path / "store"
+    with MessageStore(store_dir, small_config()) as store:
+        last = [store.put(Message(topic="t", body=b"b" * 40, keys=[f"k{i}"])) for i in range(250)][-1]
+    segment = store_dir / "commitlog" / f"{last.commit_log_offset - last.commit_log_offset % (64 * 1024):020d}"
+    data = bytearray(segment.read_bytes())
+    pos = last.commit_log_offset % (64 * 1024)
+    data[pos + 60 : pos + last.size] = bytes(last.size - 60)  # the last record is torn
+    segment.write_bytes(bytes(data))
+    with MessageStore(store_dir, small_config()) as store:
+        assert store.recovery.cut_bytes > 0
+        assert store.query_message("t", "k249") == []
+        assert len(store.query_message("t", "k248")) == 1
+        for i in range(250, 300):
+            store.put(Message(topic="t", body=b"c", keys=[f"k{i}"]))
+        assert store.wait_dispatched()
+        assert store.query_message("t", "k249") == []
+        assert [len(store.query_message("t", f"k{i}")) for i in (0, 150, 248, 250, 299)] == [1] * 5
+    rebuild(store_dir, tmp_path / "rebuilt")
+    assert same_tree(tmp_path / "rebuilt" / "index", store_dir / "index") == []
+
+
+def test_deleted_index_is_rebuilt_from_the_log(tmp_path):
+    store_dir = tmp_path / "store"
+    with MessageStore(store_dir, small_config()) as store:
+        for i in range(200):
+            store.put(Message(topic="t", body=b"b", keys=[f"k{i}"]))
+    for path in sorted((store_dir / "index").iterdir())[1:]:
+        path.unlink()
+    with MessageStore(store_dir, small_config()) as store:
+        assert len(store.query_message("t", "k199")) == 1
+    rebuild(store_dir, tmp_path / "rebuilt")
+    assert same_tree(tmp_path / "rebuilt" / "index", store_dir / "index") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_cli_store_query(tmp_path, capsys):
+    with MessageStore(tmp_path, small_config()) as store:
+        results = [store.put(Message(topic="orders", body=b"o%d" % i, keys=[f"id{i}", "all"])) for i in range(30)]
+    assert cli_main(["store", "query", str(tmp_path), "--id", results[4].msg_id]) == 0
+    out = capsys.readouterr().out
+    assert results[4].msg_id in out and "1 message(s)" in out
+    assert cli_main(["store", "query", str(tmp_path), "--id", results[9].unique_key]) == 0
+    assert f"uniq {results[9].unique_key}" in capsys.readouterr().out
+    assert cli_main(["store", "query", str(tmp_path), "--topic", "orders", "--key", "id12"]) == 0
+    assert "o12" in capsys.readouterr().out
+    begin, end = results[10].store_timestamp, results[14].store_timestamp
+    assert cli_main(["store", "query", str(tmp_path), "--topic", "orders", "--key", "all",
+                     "--begin", str(begin), "--end", str(end)]) == 0
+    assert "5 message(s)" in capsys.readouterr().out
+    assert cli_main(["store", "query", str(tmp_path), "--topic", "orders", "--key", "nope"]) == 1
+    assert "0 message(s)" in capsys.readouterr().out
