@@ -210,3 +210,45 @@ def test_cli_store_query(tmp_path, capsys):
     assert "5 message(s)" in capsys.readouterr().out
     assert cli_main(["store", "query", str(tmp_path), "--topic", "orders", "--key", "nope"]) == 1
     assert "0 message(s)" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch lag
+
+
+def test_dispatch_lag_per_sink_live_and_offline(tmp_path, capsys):
+    from tidemq.store.lag import sink_lags
+    from tidemq.store.parallel_dispatch import ParallelDispatcher
+
+    store_dir = tmp_path / "store"
+    with MessageStore(store_dir, small_config()) as store:
+        results = [store.put(Message(topic="t", body=b"b" * 100, keys=[f"k{i}"])) for i in range(200)]
+        assert store.wait_dispatched()
+        lag = store.dispatch_lag()
+        assert (lag.bytes, lag.milliseconds) == (0, 0)
+        assert lag.sinks == {"consume_queue": (0, 0), "key_index": (0, 0)}
+    newest = results[-1]
+    # live: a dispatcher stopped part way
+    log = CommitLog(store_dir / "commitlog")
+    log.write_position = newest.commit_log_offset + newest.size
+    queues = ConsumeQueueStore(tmp_path / "other" / "cq", 200)
+    index = KeyIndex(tmp_path / "other" / "index", 64, 120)
+    dispatcher = ParallelDispatcher(log, queues, index, 0, 2, inline_bytes=1 << 20)
+    assert sink_lags(dispatcher, log.write_position, newest.store_timestamp)["key_index"] == (
+        log.write_position, newest.store_timestamp - results[0].store_timestamp)
+    dispatcher.dispatch_until(results[120].commit_log_offset)
+    expected = (log.write_position - results[120].commit_log_offset, newest.store_timestamp - results[119].store_timestamp)
+    assert sink_lags(dispatcher, log.write_position, newest.store_timestamp) == {"consume_queue": expected, "key_index": expected}
+    dispatcher.close()
+    queues.close()
+    index.close()
+    log.close()
+    # offline: the newest index file lost; `tidemq store inspect` shows the key index behind
+    newest_file = sorted((store_dir / "index").iterdir())[-1]
+    newest_file.unlink()
+    assert cli_main(["store", "inspect", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "consume_queue: 0 bytes, 0 ms behind" in out
+    line = next(x for x in out.splitlines() if "key_index:" in x)
+    behind_bytes, behind_ms = int(line.split()[1]), int(line.split()[3])
+    assert 0 < behind_bytes < log.write_position and behind_ms > 0

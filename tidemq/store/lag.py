@@ -27,8 +27,15 @@ def sink_lags(dispatcher, confirmed: int, newest_timestamp: int) -> dict[str, tu
             offset = dispatcher.dispatched_offset
             last = dispatcher.stats.last_store_timestamp
         behind = max(0, confirmed - offset)
+        if behind and not last:  # nothing dispatched since opening: age of the oldest waiting record
+            last = _store_time_at(dispatcher.commit_log, offset) or newest_timestamp
         out[sink.name] = (behind, max(0, newest_timestamp - last) if behind else 0)
     return out
+
+
+def _store_time_at(commit_log, offset: int) -> int | None:
+    rec = commit_log.read_record(offset, check_crc=False, read_body=False, read_properties=False)
+    return rec.store_timestamp if type(rec) is record.Record else None
 
 
 def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str, tuple[int, int]]:
