@@ -293,3 +293,20 @@ def test_forward_to_dead_letter_moves_the_message_at_once(harness):
     with pytest.raises(BrokerError) as err:
         harness.run(harness.broker.forward_to_dead_letter("G", "T", r.receipt_handle))
     assert err.value.code == Code.INVALID_RECEIPT_HANDLE
+
+
+def test_a_terminating_client_gets_its_waiting_receive_answered(harness):
+    import asyncio
+
+    from tidemq.broker import ReceiveRequest
+
+    async def scenario():
+        harness.broker.route("Quiet")
+        req = ReceiveRequest(group="G", topic="Quiet", client_id="leaving", invisible_ms=10_000, poll_ms=60_000)
+        waiter = asyncio.ensure_future(harness.broker.receive(req))
+        while harness.broker.long_polling.waiting("Quiet") == 0:
+            await asyncio.sleep(0)
+        harness.broker.client_terminated("leaving")
+        return await asyncio.wait_for(waiter, 10)
+
+    assert harness.run(scenario()) == []

@@ -182,9 +182,9 @@ class Broker:
     def client_terminated(self, client_id: str) -> None:
         """The client said goodbye: its auto-renewed messages become visible in a second, and its
         waiting receives are answered."""
-        self.sessions.terminate(client_id)
-        self.long_polling.notify_client(client_id)
         now = self.clock()
+        self.sessions.terminate(client_id, now)
+        self.long_polling.notify_client(client_id)
         for sub in self.subscriptions.values():
             for q in sub.queues.values():
                 for d in list(q.in_flight.values()):
@@ -319,7 +319,7 @@ class Broker:
         give_up = loop.time() + req.poll_ms / 1000
         while True:
             got = self.pop(sub, topic, group, tag_filter, req)
-            if got or self.long_polling.closed:
+            if got or self.long_polling.closed or self.sessions.terminated(req.client_id):
                 return got
             remaining = give_up - loop.time()
             if remaining <= 0:

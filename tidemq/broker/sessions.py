@@ -55,10 +55,15 @@ class Sessions:
             return False
         return session.telemetry_streams > 0 or now - session.last_seen < self.expire_ms
 
-    def terminate(self, client_id: str) -> None:
+    def terminated(self, client_id: str) -> bool:
         session = self.clients.get(client_id)
-        if session is not None:
-            session.terminated = True
+        return session is not None and session.terminated
+
+    def terminate(self, client_id: str, now: int) -> None:
+        session = self.clients.get(client_id)
+        if session is None:
+            session = self.clients[client_id] = ClientSession(client_id, last_seen=now)
+        session.terminated = True
 
     def expire(self, now: int) -> None:
         dead = [cid for cid, s in self.clients.items()
