@@ -310,3 +310,12 @@ def test_a_terminating_client_gets_its_waiting_receive_answered(harness):
         return await asyncio.wait_for(waiter, 10)
 
     assert harness.run(scenario()) == []
+
+
+def test_a_long_run_of_filtered_out_entries_does_not_hide_a_match_behind_it(harness):
+    admin.create_topic(harness.broker, "Sparse", 1)
+    for i in range(1500):
+        harness.send("Sparse", b"noise", tag="noise")
+    harness.send("Sparse", b"wanted", tag="wanted")
+    got = harness.receive("G", "Sparse", expression="wanted", poll_ms=5_000)
+    assert bodies(got) == [b"wanted"]

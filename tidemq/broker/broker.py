@@ -53,6 +53,7 @@ class Broker:
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._put_inline = store.config.flush != FLUSH_SYNC
+        self._scan_incomplete = False  # set by a pop that stopped at _SCAN_LIMIT with entries left
         self._valid_groups: set[str] = set()  # names that passed validation (hot path: every ack)
         self._valid_topics: set[str] = set()
         self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
@@ -318,9 +319,13 @@ class Broker:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + req.poll_ms / 1000
         while True:
+            self._scan_incomplete = False
             got = self.pop(sub, topic, group, tag_filter, req)
             if got or self.long_polling.closed or self.sessions.terminated(req.client_id):
                 return got
+            if self._scan_incomplete:  # filtered-out entries left to skip: go on, letting others run
+                await asyncio.sleep(0)
+                continue
             remaining = give_up - loop.time()
             if remaining <= 0:
                 return got
@@ -421,6 +426,8 @@ class Broker:
                     out.append(Received(rec, d.handle, 1, until))
                     if len(out) >= batch:
                         break
+            if scanned >= _SCAN_LIMIT and cursor < high:
+                self._scan_incomplete = True
             if cursor > q.cursor:
                 sub.advance(qid, cursor)
                 cursors.append([qid, cursor])
