@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -1,0 +1,150 @@
+"""The sending side of the broker: validate a published message against its topic, pick the
+queue, store it, and wait until the flush policy makes it durable.
+
+Runs on the broker's event loop.  `store.put` appends inline (a memory copy under the append
+lock); under sync flush the durability wait is a future settled by the store's `on_durable`
+callback from its flush thread, so no thread is parked per message."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from typing import Callable
+
+from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message, MessageStore, StoreClosedError, StoreError, record
+from . import validation
+from .codes import BrokerError, Code
+from .config import BrokerConfig
+from .metadata import TopicConfig
+from .types import MIXED, NORMAL, Publish, SendResult
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    def __init__(self, store: MessageStore, config: BrokerConfig, topic: Callable[[str], TopicConfig], stats: dict) -> None:
+        self.store = store
+        self.config = config
+        self.clock = config.clock
+        self.topic = topic  # the broker's topic lookup (creates on first use when allowed)
+        self.stats = stats
+        self._put_inline = store.config.flush != FLUSH_SYNC
+        self._round_robin: dict[str, int] = {}  # next write queue per topic
+        self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
+
+    def check(self, msg: Publish) -> TopicConfig:
+        cfg = self.config
+        validation.check_publish_topic(msg.topic, cfg)
+        validation.check_tag(msg.tag)
+        validation.check_keys(msg.keys)
+        validation.check_message_group(msg.message_group, cfg)
+        validation.check_lite_topic(msg.lite_topic)
+        validation.check_properties(msg.properties, msg.tag, msg.keys, cfg)
+        validation.check_body(msg.body, cfg)
+        if not msg.message_id or not msg.message_id.strip():
+            raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id is blank")
+        if msg.delivery_timestamp is not None and msg.delivery_timestamp - self.clock() > 24 * 3600 * 1000:
+            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "delivery time is more than a day ahead")
+        topic = self.topic(msg.topic)
+        if topic.message_type not in (msg.message_type, MIXED):
+            raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                              f"topic {topic.name!r} takes {topic.message_type} messages, not {msg.message_type}")
+        if msg.message_type != NORMAL:
+            raise BrokerError(Code.NOT_IMPLEMENTED, f"{msg.message_type} messages are not supported yet")
+        return topic
+
+    async def send_batch(self, messages: list[Publish], peer_host: str = "127.0.0.1") -> list[SendResult | BrokerError]:
+        """Store the acceptable messages of a batch together, in order, on one queue per topic
+        (round-robin between batches); per message its result or why it was refused."""
+        results: list[SendResult | BrokerError | None] = [None] * len(messages)
+        accepted: list[tuple[int, Message]] = []
+        queue_of: dict[str, int] = {}
+        for i, msg in enumerate(messages):
+            try:
+                topic = self.check(msg)
+            except BrokerError as exc:
+                results[i] = exc
+                continue
+            qid = queue_of.get(topic.name)
+            if qid is None:
+                qid = queue_of[topic.name] = self._next_write_queue(topic)
+            properties = dict(msg.properties)
+            properties[record.PROPERTY_UNIQ_KEY] = msg.message_id
+            accepted.append((i, Message(
+                topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
+                properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
+                born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
+            )))
+        if accepted:
+            try:
+                stored = await self.put([m for _, m in accepted])
+            except BrokerError as exc:
+                stored, failure = [], exc
+            for n, (i, message) in enumerate(accepted):
+                if n < len(stored):
+                    put = stored[n]
+                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset)
+                else:
+                    results[i] = failure
+            self.stats["sent"] += len(stored)
+        return results
+
+    def _next_write_queue(self, topic: TopicConfig) -> int:
+        qid = self._round_robin.get(topic.name, -1) + 1
+        if qid >= topic.queue_nums:
+            qid = 0
+        self._round_robin[topic.name] = qid
+        return qid
+
+    def _born_host(self, host: str, peer_host: str) -> str:
+        known = self._hosts.get(host)
+        if known is None:
+            known = _host_or(host, "")
+            if len(self._hosts) < 10_000:
+                self._hosts[host] = known
+        return known or peer_host
+
+    async def put(self, messages: list[Message]):
+        """Append, then wait (without a thread) until the flush policy is satisfied."""
+        try:
+            if self._put_inline:
+                return self.store.put_batch(messages) if len(messages) > 1 else [self.store.put(messages[0])]
+            loop = asyncio.get_running_loop()
+            durable = loop.create_future()
+
+            def on_durable(result, error) -> None:  # flush thread (or inline)
+                loop.call_soon_threadsafe(_settle, durable, result, error)
+
+            if len(messages) > 1:
+                self.store.put_batch(messages, on_durable)
+            else:
+                self.store.put(messages[0], on_durable)
+            result = await durable
+            return result if isinstance(result, list) else [result]
+        except InvalidMessageError as exc:
+            raise BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}") from None
+        except FlushTimeoutError as exc:
+            raise BrokerError(Code.MASTER_PERSISTENCE_TIMEOUT, f"written but not yet durable: {exc}") from None
+        except StoreClosedError:
+            raise BrokerError(Code.INTERNAL_SERVER_ERROR, "the broker is shutting down") from None
+        except StoreError as exc:
+            log.error("store refused a message: %s", exc)
+            raise BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}") from None
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _host_or(host: str, fallback: str) -> str:
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return fallback
