@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tidemq.store import Message, MessageStore, StoreConfig, record
 
 SEGMENT_SIZE = 64 * 1024
@@ -67,3 +69,14 @@ def dispatch_key_index(store, directory, hash_slots: int, max_entries: int) -> N
     finally:
         index.close()
         commit_log.close()
+
+
+def queue_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_files(expected_root: Path, actual_root: Path) -> None:
+    expected, actual = queue_files(expected_root), queue_files(actual_root)
+    assert sorted(actual) == sorted(expected)
+    for name in expected:
+        assert actual[name] == expected[name], f"{name} differs"

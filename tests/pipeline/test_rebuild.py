@@ -5,7 +5,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -13,18 +12,16 @@ from tidemq.pipeline.rebuild import rebuild
 from tidemq.store import MessageStore, StoreLockedError
 from tidemq.store.consume_queue import BLANK_UNIT
 
-from pipeline_logs import LONG_TOPIC, dispatch_key_index, UNITS_PER_FILE, sample_messages, store_config, write_store
-
-
-def queue_files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def assert_same_files(expected_root: Path, actual_root: Path) -> None:
-    expected, actual = queue_files(expected_root), queue_files(actual_root)
-    assert sorted(actual) == sorted(expected)
-    for name in expected:
-        assert actual[name] == expected[name], f"{name} differs"
+from pipeline_logs import (
+    LONG_TOPIC,
+    UNITS_PER_FILE,
+    assert_same_files,
+    dispatch_key_index,
+    queue_files,
+    sample_messages,
+    store_config,
+    write_store,
+)
 
 
 def test_rebuild_equals_the_dispatchers_files(spark, written_store, tmp_path):

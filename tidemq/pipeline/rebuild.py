@@ -1,8 +1,8 @@
 """Rebuild a store's ConsumeQueue files from its CommitLog on Spark.
 
-    read (topic, queue id, queue offset, commit-log offset, size, tags code, sysflag)
-    -> drop PREPARED / ROLLBACK transaction records (they get no queue entry)
-    -> repartition by queue, sort each queue's entries into commit-log order
+    each range of the log -> per queue: its entries' packed units, PREPARED / ROLLBACK records
+                             dropped (`tidemq-queueunits`, the source grouped by queue)
+    -> repartition by queue, sort each queue's chunks into commit-log order
     -> each task writes its queues' files (`tidemq-consumequeue`, an Arrow data sink)
 
 With `key_index`, the key index is rebuilt too (`key_index.py`).  The ConsumeQueue files are
@@ -32,17 +32,30 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from ..store import record
 from ..store.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
 from ..store.errors import StoreLockedError
 from . import plan as planning
-from .source import SOURCE_NAME, CorruptLogError
+from .columns import arrow_schema, select_schema
+from .source import SOURCE_NAME, CommitLogDataSource, CommitLogReader, CorruptLogError, record_batches
 
 log = logging.getLogger(__name__)
 
 UNIT_COLUMNS = "topic,queue_id,queue_offset,commit_log_offset,size,tags_code,sysflag"
 SINK_NAME = "tidemq-consumequeue"
+UNITS_SOURCE = "tidemq-queueunits"
+UNITS_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("queue_id", IntegerType(), False),
+        StructField("first_offset", LongType(), False),
+        StructField("queue_offsets", BinaryType(), False),
+        StructField("units", BinaryType(), False),
+    ]
+)
+UNITS_ARROW_SCHEMA = arrow_schema(UNITS_SCHEMA)
 
 
 class QueueFilesWriter:
@@ -149,34 +162,82 @@ class QueueFilesWriter:
         return (self.topic, self.queue_id, self.entries, self.files, self.min_offset, self.frontier, self.max_physical_offset)
 
 
-def _units(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-    units = np.empty(batch.num_rows, dtype=UNIT_DTYPE)
-    units["offset"] = batch.column("commit_log_offset").to_numpy()
-    units["size"] = batch.column("size").to_numpy()
-    units["tags_code"] = batch.column("tags_code").to_numpy()
-    return batch.column("queue_offset").to_numpy(), units
+# ---------------------------------------------------------------------------------------------
+# Map side: `tidemq-queueunits`, the commit-log source grouped by queue within each range.  Each
+# Spark task turns its range into one row per queue — the packed 20-byte units and queue offsets
+# of that queue's entries, in log order — so the shuffle moves a few large rows instead of one row
+# per message.
+
+
+class QueueUnitsSource(CommitLogDataSource):
+    """`tidemq-queueunits`: per range and queue, (topic, queue_id, first commit-log offset,
+    queue offsets `>q`..., units `>qiq`...) of the entries the dispatcher would write."""
+
+    @classmethod
+    def name(cls) -> str:
+        return UNITS_SOURCE
+
+    def schema(self) -> StructType:
+        return UNITS_SCHEMA
+
+    def reader(self, schema: StructType) -> "QueueUnitsReader":
+        return QueueUnitsReader(self._logs(), self.options)
+
+    def streamReader(self, schema: StructType):
+        raise ValueError(f"{UNITS_SOURCE} is for batch rebuilds only")
+
+
+class QueueUnitsReader(CommitLogReader):
+    def __init__(self, logs, options) -> None:
+        super().__init__(logs, options, select_schema(UNIT_COLUMNS.split(",")))
+
+    def read(self, partition):
+        return queue_units(partition, self.settings)
+
+
+def queue_units(part, settings) -> Iterator[pa.RecordBatch]:
+    groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
+    indexed = (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
+    mask, tags_code, tags = record.TRANSACTION_TYPE_MASK, record.tags_code, record.PROPERTY_TAGS
+    for batch in record_batches(part, settings):
+        for r in batch:
+            if r.sysflag & mask not in indexed:
+                continue  # PREPARED and ROLLBACK records get no queue entry
+            group = groups.get((r.topic, r.queue_id))
+            if group is None:
+                group = groups[(r.topic, r.queue_id)] = ([], [], [], [])
+            group[0].append(r.queue_offset)
+            group[1].append(r.commit_log_offset)
+            group[2].append(r.total_size)
+            group[3].append(tags_code(r.properties.get(tags)))
+    if not groups:
+        return
+    columns: tuple[list, ...] = ([], [], [], [], [])
+    for (topic, queue_id), (queue_offsets, offsets, sizes, codes) in groups.items():
+        units = np.empty(len(offsets), dtype=UNIT_DTYPE)
+        units["offset"], units["size"], units["tags_code"] = offsets, sizes, codes
+        for column, value in zip(
+            columns, (topic, queue_id, offsets[0], np.asarray(queue_offsets, ">i8").tobytes(), units.tobytes())
+        ):
+            column.append(value)
+    yield pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, UNITS_ARROW_SCHEMA)], schema=UNITS_ARROW_SCHEMA
+    )
 
 
 def write_queue_files(batches: Iterator[pa.RecordBatch], root: str, units_per_file: int) -> list[tuple]:
-    """The rows of one partition, sorted by queue then commit-log offset, become that partition's
-    queues' files; returns one summary per queue."""
+    """Queue-units rows of one partition, sorted by queue then first commit-log offset, become
+    that partition's queues' files; returns one summary per queue."""
     writer: QueueFilesWriter | None = None
     summaries: list[tuple] = []
     for batch in batches:
-        if not batch.num_rows:
-            continue
-        topics = batch.column("topic").to_pylist()
-        queue_ids = batch.column("queue_id").to_numpy()
-        queue_offsets, units = _units(batch)
-        keys = list(zip(topics, queue_ids.tolist()))
-        cuts = [0] + [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
-        for lo, hi in zip(cuts, cuts[1:]):  # runs of one queue within the batch
-            topic, queue_id = keys[lo]
+        columns = [batch.column(name).to_pylist() for name in ("topic", "queue_id", "queue_offsets", "units")]
+        for topic, queue_id, queue_offsets, units in zip(*columns):
             if writer is None or (writer.topic, writer.queue_id) != (topic, queue_id):
                 if writer is not None:
                     summaries.append(writer.close())
                 writer = QueueFilesWriter(Path(root), topic, queue_id, units_per_file)
-            writer.add(queue_offsets[lo:hi], units[lo:hi])
+            writer.add(np.frombuffer(queue_offsets, ">i8"), np.frombuffer(units, UNIT_DTYPE))
     if writer is not None:
         summaries.append(writer.close())
     return summaries
@@ -319,12 +380,13 @@ def rebuild(
                 reader = reader.option("partitionSize", str(partition_size))
             return reader.load(str(store))
 
-        df = read(UNIT_COLUMNS)
-        mask = record.TRANSACTION_TYPE_MASK
-        kind = df.sysflag.bitwiseAND(mask)
-        df = df.where((kind == record.TRANSACTION_NOT) | (kind == record.TRANSACTION_COMMIT))
+        spark.dataSource.register(QueueUnitsSource)
+        reader = spark.read.format(UNITS_SOURCE).option("checkCRC", "true")
+        if partition_size is not None:
+            reader = reader.option("partitionSize", str(partition_size))
+        df = reader.load(str(store))
         df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
-        df = df.sortWithinPartitions("topic", "queue_id", "commit_log_offset")
+        df = df.sortWithinPartitions("topic", "queue_id", "first_offset")
         queues_dir = target / "consumequeue"
         queues_dir.mkdir(exist_ok=True)
         summary = target / f".summary-{os.getpid()}.json"

@@ -83,12 +83,14 @@ class ReadSettings:
         self.read_properties = bool(self.names & cols.NEEDS_PROPERTIES)
 
 
-def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
-    """Decode the records starting in `part` and yield them as Arrow batches (or tuples)."""
+def record_batches(part: SegmentRange, settings: ReadSettings) -> Iterator[list[record.Record]]:
+    """Decode the records starting in `part`, in lists of up to `batch_size` records.  Bodies are
+    views into the segment's mapping: use them before asking for the next list."""
+    if not isinstance(part, SegmentRange):
+        return  # Spark reads one placeholder partition when the plan has none (an empty log)
     mm = planning.map_segment(part.path)
     if mm is None:
         return
-    pa_schema = None if settings.rows else cols.arrow_schema(settings.schema)
     base = part.segment_start
     pos = part.lo - base
     stop = part.hi - base
@@ -97,6 +99,7 @@ def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
     check_crc, read_body, read_properties = settings.check_crc, settings.read_body, settings.read_properties
     batch: list[record.Record] = []
     batch_bytes = 0
+    result = None
     try:
         while pos < stop:
             result = decode(mm, pos, base_offset=base, check_crc=check_crc, read_body=read_body, read_properties=read_properties)
@@ -105,27 +108,31 @@ def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
                 pos += result.total_size
                 batch_bytes += result.total_size
                 if len(batch) >= settings.batch_size or batch_bytes >= settings.batch_bytes:
-                    yield from _emit(batch, part.broker, settings, pa_schema)
+                    yield batch
                     batch, batch_bytes = [], 0
                 continue
             if type(result) is record.Invalid:
                 _report_invalid(part, mm, result)
             break
         if batch:
-            yield from _emit(batch, part.broker, settings, pa_schema)
+            yield batch
     finally:
-        del batch
+        del batch, result
         try:
             mm.close()
         except BufferError:  # a consumer still holds a view; the mapping goes with it
             pass
 
 
-def _emit(batch, broker, settings: ReadSettings, pa_schema):
+def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
+    """The records starting in `part` as Arrow batches (or tuples, with output=rows)."""
     if settings.rows:
-        yield from cols.to_rows(batch, broker, settings.schema)
-    else:
-        yield cols.to_batch(batch, broker, settings.schema, pa_schema)
+        for batch in record_batches(part, settings):
+            yield from cols.to_rows(batch, part.broker, settings.schema)
+        return
+    pa_schema = cols.arrow_schema(settings.schema)
+    for batch in record_batches(part, settings):
+        yield cols.to_batch(batch, part.broker, settings.schema, pa_schema)
 
 
 def valid_records_after(directory: str, segment_start: int, mm, bad: record.Invalid) -> int:
