@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -83,11 +82,3 @@ def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
         if time.monotonic() > give_up:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def env_pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
