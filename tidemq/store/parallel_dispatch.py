@@ -99,7 +99,7 @@ class BatchBuilder:
     """Decodes one batch of records and writes their ConsumeQueue units at their slots through
     its own file mappings.  Caches segment and queue-file mappings between batches."""
 
-    MAX_QUEUE_FILES = 4096
+    MAX_QUEUE_FILES = 30_000  # mappings kept open (vm.max_map_count is 65,530 by default)
     MAX_SEGMENTS = 4
 
     def __init__(self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
@@ -138,10 +138,14 @@ class BatchBuilder:
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
         if len(self._files) >= self.MAX_QUEUE_FILES:
             self.close_queue_files()
-        directory = self.root / topic / str(queue_id)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = f"{self.root}/{topic}/{queue_id}"
         size = upf * UNIT_SIZE
-        fd = os.open(directory / file_name(file_start * UNIT_SIZE), os.O_RDWR | os.O_CREAT, 0o644)
+        path = f"{directory}/{file_name(file_start * UNIT_SIZE)}"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # every creator extends to the same size: idempotent
@@ -272,6 +276,9 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
                 return
             if task is None:
                 return
+            if task == "ping":
+                conn.send("pong")
+                continue
             try:
                 result = builder.build(task)
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
@@ -476,10 +483,11 @@ class ParallelDispatcher:
         return task
 
     def _fill(self, limit: int) -> None:
-        max_outstanding = 2 * self.worker_count
+        max_outstanding = 3 * self.worker_count
         while len(self._tasks) < max_outstanding and self._cut_offset < limit:
             backlog = limit - self._cut_offset
-            size = min(self.batch_bytes, max(self.inline_bytes, backlog // self.worker_count))
+            # several batches per worker, so that one slow batch does not idle the others
+            size = min(self.batch_bytes, max(self.inline_bytes, 64 << 10, backlog // (4 * self.worker_count)))
             task = self._cut(limit, size)
             if task is None:
                 break
@@ -506,10 +514,23 @@ class ParallelDispatcher:
     def _start_worker(self) -> _Worker:
         return _Worker(str(self.queues.root), self.queues.units_per_file, self.key_index is not None)
 
-    def _submit(self, task: BatchTask) -> None:
+    def start_workers(self) -> None:
+        """Start the worker processes now rather than on the first large backlog."""
         if not self._workers:
             self._workers = [self._start_worker() for _ in range(self.worker_count)]
             log.info("dispatch: started %d worker processes", self.worker_count)
+
+    def wait_ready(self) -> None:
+        """Start the workers and wait until each has answered once (benchmarks: keep the
+        interpreter start out of the timing)."""
+        self.start_workers()
+        for worker in self._workers:
+            worker.conn.send("ping")
+        for worker in self._workers:
+            assert worker.conn.recv() == "pong"
+
+    def _submit(self, task: BatchTask) -> None:
+        self.start_workers()
         worker = min(self._workers, key=lambda w: len(w.tasks))
         worker.tasks[task.batch_id] = task
         self.worker_batches += 1

@@ -1,0 +1,247 @@
+"""Dispatch benchmark: parallel, order-preserving dispatch (RIP-52) with the key index on.
+
+    .venv/bin/python bench/dispatch.py [--messages N] [--workers N] [--seconds S] [--dir DIR]
+
+Prints figures and ratios from one run (the machine is shared with other engineers' tests, so
+compare figures within a run, never across runs):
+
+1. Throughput (entries/s) building the ConsumeQueues and the key index from one commit log per
+   queue layout — 10 queues, 10,000 queues, one hot queue — with the single-thread `Dispatcher`
+   (reference), and `ParallelDispatcher` with 1 and N worker processes (started before timing).
+   The logs are written once; every build starts from empty index directories.
+2. A sustained run: producer threads append as fast as they can (`put_batch` of 32, 128-byte
+   bodies, 64 queues, a KEYS entry each) to a MessageStore with N dispatch workers, and the
+   dispatch lag (bytes and ms, per sink) is printed every few seconds.
+
+Targets (issue 4): N = 2 workers on a 2-core machine >= 1.7x one worker; under maximum append
+load the lag stays bounded (the second half of the run is not worse than the first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
+from tidemq.store.commit_log import CommitLog  # noqa: E402
+from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
+from tidemq.store.key_index import KeyIndex  # noqa: E402
+from tidemq.store.parallel_dispatch import ParallelDispatcher  # noqa: E402
+
+SEGMENT = 256 << 20
+UNITS = 20_000  # 400 KB consume-queue files: 10,000 queues stay light on mappings
+INDEX_SLOTS = 1_000_000
+INDEX_ENTRIES = 4_000_000
+
+
+def write_log(directory: Path, count: int, queue_of) -> CommitLog:
+    log = CommitLog(directory / "commitlog", SEGMENT)
+    body = os.urandom(100)
+    assigned: dict[tuple[str, int], int] = {}
+    now = int(time.time() * 1000)
+    prepare = record.prepare
+    for i in range(count):
+        topic, queue_id = queue_of(i)
+        properties = record.encode_properties(
+            {record.PROPERTY_TAGS: f"tag{i % 8}", record.PROPERTY_KEYS: f"order{i}",
+             record.PROPERTY_UNIQ_KEY: f"7F000001{os.getpid() & 0xFFFF:04X}0000{i:016X}"}
+        )
+        encoded = prepare(topic=topic, body=body, queue_id=queue_id, properties_bytes=properties,
+                          store_host=("127.0.0.1", 10911), born_host=("127.0.0.1", 0), born_timestamp=now)
+        key = (topic, queue_id)
+        offset = assigned.get(key, 0)
+        log.append(encoded, offset, now + i // 1000)
+        assigned[key] = offset + 1
+    return log
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc), 0 where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+CPU_USED: dict[int, list[float]] = {}  # workers -> [worker CPU seconds, wall seconds] summed
+
+
+def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, float, int]:
+    """Dispatch the log into empty indexes in two timed parts, [start, middle) — which creates
+    every queue's files — and [middle, end) — the steady state, files in place; workers 0 = the
+    single-thread Dispatcher.  Returns (seconds first part, seconds second part, entries)."""
+    shutil.rmtree(out, ignore_errors=True)
+    queues = ConsumeQueueStore(out / "consumequeue", UNITS)
+    index = KeyIndex(out / "index", INDEX_SLOTS, INDEX_ENTRIES)
+    if workers == 0:
+        dispatcher = Dispatcher(log, [queues, index], log.min_offset)
+    else:
+        dispatcher = ParallelDispatcher(log, queues, index, log.min_offset, workers)
+        dispatcher.wait_ready()  # interpreter start and imports stay out of the timing
+        dispatcher.inline_bytes = 0
+    pids = dispatcher.worker_pids() if workers else []
+    cpu_before = sum(_cpu_seconds(p) for p in pids)
+    start = time.perf_counter()
+    entries = dispatcher.dispatch_until(middle)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    entries += dispatcher.dispatch_until(log.write_position)
+    second = time.perf_counter() - start
+    if workers:
+        used = CPU_USED.setdefault(workers, [0.0, 0.0])
+        used[0] += sum(_cpu_seconds(p) for p in pids) - cpu_before
+        used[1] += first + second
+        dispatcher.close()
+    queues.close()
+    index.close()
+    shutil.rmtree(out, ignore_errors=True)
+    return first, second, entries
+
+
+def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
+    layouts = {
+        "10 queues": lambda i: ("bench", i % 10),
+        "10,000 queues": lambda i: (f"bench{i % 10}", (i // 10) % 1000),
+        "one hot queue": lambda i: ("hot", 0),
+    }
+    print(f"1. dispatch throughput (entries/s), key index on (UNIQ_KEY + 1 KEYS entry per record);")
+    print(f"   each log holds 2 x {count:,} records: the first half creates the queue files, the second")
+    print(f"   half is the steady state.  '1 thread' is the sequential Dispatcher, for reference.")
+    print(f"   Best of {rounds} interleaved rounds.")
+    header = f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
+    print(header)
+    for name, queue_of in layouts.items():
+        log_dir = root / f"log-{name.split()[0].replace(',', '')}"
+        log = write_log(log_dir, 2 * count, queue_of)
+        middle = log.write_position // 2
+        middle = _boundary(log, middle)
+        first_entries = _records_below(log, middle)
+        rates: dict[int, tuple[float, float]] = {}
+        for _ in range(rounds):  # interleaved, best of `rounds`: other load on the machine hits all alike
+            for w in (0, 1, workers):
+                first, second, entries = build(log, root / "out", w, middle)
+                assert entries == 2 * count, (entries, count)
+                best = rates.get(w, (0.0, 0.0))
+                rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second))
+        for part, i in (("files", 0), ("steady", 1)):
+            r = {w: rates[w][i] for w in rates}
+            print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x")
+        log.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
+    for w, (cpu, wall) in sorted(CPU_USED.items()):
+        print(f"   {w} worker(s): worker processes used {cpu:.1f} CPU-s in {wall:.1f} s of dispatch = "
+              f"{cpu / wall:.2f} cores busy on average (1 core = no parallelism)")
+    print(f"   load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other engineers' work included)")
+
+
+def _boundary(log: CommitLog, near: int) -> int:
+    """The first record boundary at or after `near`."""
+    offset = log.min_offset
+    while offset < near:
+        rec = log.read_record(offset, check_crc=False, read_body=False, read_properties=False)
+        if type(rec) is not record.Record:
+            break
+        offset += rec.total_size
+    return offset
+
+
+def _records_below(log: CommitLog, end: int) -> int:
+    offset, count = log.min_offset, 0
+    while offset < end:
+        rec = log.read_record(offset, check_crc=False, read_body=False, read_properties=False)
+        offset += rec.total_size
+        count += 1
+    return count
+
+
+def sustained(root: Path, seconds: float, workers: int, producers: int) -> None:
+    directory = root / "sustained"
+    cfg = StoreConfig(segment_size=SEGMENT, consume_queue_units=UNITS, dispatch_workers=workers,
+                      index_hash_slots=INDEX_SLOTS, index_max_entries=INDEX_ENTRIES)
+    print(f"\n2. {seconds:.0f} s of maximum append load: {producers} producer threads, put_batch of 32, "
+          f"{workers} dispatch workers")
+    body = os.urandom(128)
+    stop = threading.Event()
+    put_counts = [0] * producers
+    with MessageStore(directory, cfg) as store:
+        if isinstance(store.dispatcher, ParallelDispatcher):
+            store.dispatcher.wait_ready()
+
+        def produce(n: int) -> None:
+            i = 0
+            while not stop.is_set():
+                batch = [Message(topic="load", body=body, queue_id=(i + k) % 64, keys=[f"p{n}-{i + k}"]) for k in range(32)]
+                store.put_batch(batch)
+                i += 32
+                put_counts[n] = i
+
+        threads = [threading.Thread(target=produce, args=(n,), daemon=True) for n in range(producers)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        samples = []
+        last_total, last_time = 0, start
+        interval = max(1.0, seconds / 12)
+        print(f"   {'t (s)':>6}{'appended/s':>13}{'lag bytes':>12}{'lag ms':>9}   per sink (bytes, ms)")
+        while time.monotonic() - start < seconds:
+            time.sleep(interval)
+            now = time.monotonic()
+            total = sum(put_counts)
+            lag = store.dispatch_lag()
+            samples.append((now - start, lag.bytes, lag.milliseconds))
+            rate = (total - last_total) / (now - last_time)
+            last_total, last_time = total, now
+            print(f"   {now - start:>6.1f}{rate:>13,.0f}{lag.bytes:>12,}{lag.milliseconds:>9,}   {lag.sinks}")
+        stop.set()
+        for t in threads:
+            t.join()
+        elapsed = time.monotonic() - start
+        total = sum(put_counts)
+        caught_up = time.monotonic()
+        store.wait_dispatched(300)
+        drain = time.monotonic() - caught_up
+        first = [s for s in samples if s[0] <= seconds / 2]
+        second = [s for s in samples if s[0] > seconds / 2]
+        max_first = max((s[2] for s in first), default=0)
+        max_second = max((s[2] for s in second), default=0)
+        print(f"   appended {total:,} messages in {elapsed:.1f} s ({total / elapsed:,.0f}/s); "
+              f"drained the rest in {drain:.2f} s after the producers stopped")
+        print(f"   max lag: first half {max_first:,} ms, second half {max_second:,} ms "
+              f"({'bounded' if max_second <= max(2 * max_first, 1000) else 'GROWING'})")
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-sustained", action="store_true")
+    args = parser.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="tidemq-bench-dispatch-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"tidemq dispatch benchmark: {os.cpu_count()} cores, figures from this run only (shared machine)")
+    try:
+        if not args.skip_throughput:
+            throughput(root, args.messages, args.workers, args.rounds)
+        if not args.skip_sustained:
+            sustained(root, args.seconds, args.workers, args.producers)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
