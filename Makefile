@@ -21,6 +21,7 @@ test: install
 
 bench: install
 	$(BIN)/python bench/store.py
+	$(BIN)/python bench/grpc.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
