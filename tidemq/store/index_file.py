@@ -257,6 +257,15 @@ class IndexFile:
             HEADER.pack_into(self.mm, 0, begin_ts, last_ts, begin_phy, last_phy, slots_count, keep)
         return written_end - keep
 
+    def entries_at_end(self, phy: int) -> int:
+        """How many of the newest entries belong to the record at `phy`."""
+        index = self.index_count - 1
+        found = 0
+        while index >= 1 and int(self.entries[index]["phy"]) == phy:
+            found += 1
+            index -= 1
+        return found
+
     # -- reading ------------------------------------------------------------------------------------
 
     def lookup(self, hash_value: int, begin: int, end: int, max_num: int) -> list[int]:

@@ -77,8 +77,10 @@ class KeyIndex:
         abnormal: bool,
         checkpoint_timestamp: int,
         store_time_of: Callable[[int], int | None],
+        keys_of: Callable[[int], tuple[int, int] | None] = lambda phy: None,
     ) -> None:
-        """Make the index a prefix of the recovered log and set `indexed_until`."""
+        """Make the index a prefix of the recovered log and set `indexed_until`.  `keys_of(phy)`
+        gives (end, number of index keys) of the record at `phy`, or None if unreadable."""
         with self._lock:
             if abnormal:
                 while self.files and self.files[-1].end_timestamp > checkpoint_timestamp:
@@ -95,10 +97,15 @@ class KeyIndex:
                     break
                 self.files.pop().destroy()
             # the newest record's entries may be split over two files, and the second may have
-            # been destroyed: drop that record everywhere and index it again, whole
+            # been destroyed: unless all its entries are there, drop it everywhere and index it
+            # again, whole
             covered = log_start
             if self.files:
                 covered = self.files[-1].end_phy
+                known = keys_of(covered)
+                present = sum(f.entries_at_end(covered) for f in self.files[-2:])
+                if known is not None and known[1] == present:
+                    covered = known[0]
                 while self.files and self.files[-1].end_phy >= covered:
                     self.files[-1].truncate(covered, store_time_of)
                     if self.files[-1].entry_count:
@@ -118,7 +125,14 @@ class KeyIndex:
             rec = read(phy)
             return rec.store_timestamp if rec is not None else None
 
-        self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of)
+        def keys_of(phy: int) -> tuple[int, int] | None:
+            result = commit_log.read_record(phy, check_crc=False, read_body=False)
+            if type(result) is not record.Record:
+                return None
+            indexed = result.transaction_type != record.TRANSACTION_ROLLBACK
+            return phy + result.total_size, len(_keys_of(result.unique_key, result.keys)) if indexed else 0
+
+        self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, keys_of)
 
     # -- the sink protocol ------------------------------------------------------------------------------
 
