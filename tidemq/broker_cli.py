@@ -51,12 +51,19 @@ def _target(p: argparse.ArgumentParser) -> None:
 
 
 def _call(args: argparse.Namespace, method: str, **arguments):
-    from .broker import Broker, admin
+    from .broker import admin
 
     if args.store is None:
+        import grpc
+
         from .protocol.grpc import admin_call
 
-        return admin_call(args.server or DEFAULT_SERVER, method, **arguments)
+        address = args.server or DEFAULT_SERVER
+        try:
+            return admin_call(address, method, **arguments)
+        except grpc.RpcError as exc:
+            raise SystemExit(f"tidemq: cannot reach a broker at {address} ({exc.code().name}: {exc.details()}); "
+                             "give --server HOST:PORT, or --store DIR for a stopped broker") from None
     functions = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
                  "CreateGroup": admin.create_group, "ListGroups": admin.list_groups}
     with _offline_broker(args.store) as broker:

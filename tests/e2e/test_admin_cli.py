@@ -26,6 +26,8 @@ def test_topic_and_group_commands_against_a_running_broker(server):
     assert bad.returncode == 2 and "ILLEGAL_TOPIC" in bad.stderr
     shrink = tidemq("topic", "create", "AdminOrders", "--queues", "2", "--server", server.address)
     assert shrink.returncode == 2 and "BAD_REQUEST" in shrink.stderr
+    nobody = tidemq("topic", "list", "--server", "127.0.0.1:1")
+    assert nobody.returncode == 1 and "cannot reach a broker at 127.0.0.1:1" in nobody.stderr
 
 
 def test_group_list_shows_exact_backlog_per_queue(server):
