@@ -367,3 +367,45 @@ def test_store_killed_mid_dispatch_rebuilds_indexes_exactly(tmp_path):
     log.close()
     for sub in ("consumequeue", "index"):
         assert same_tree(tmp_path / "rebuilt" / sub, store_dir / sub) == []
+
+
+def test_recovery_restarts_below_an_unfinished_batch_when_later_ones_are_written(tmp_path):
+    """A crash while batch 0 is unfinished but the later batches are written and committed: the
+    queues' furthest entries lie past batch 0, so their maximum says nothing; recovery restarts
+    from the checkpoint's dispatched offset and every entry of batch 0 is built, none twice."""
+    from tidemq.store.checkpoint import Checkpoint
+
+    store_dir = tmp_path / "store"
+    layout = [("p", 0)] * 40 + [(f"t{i % 2}", i % 6) if i % 5 else ("p", 0) for i in range(600)]
+    log, assigned = build_log(store_dir, layout, segment_size=1 << 20)
+    cqs = ConsumeQueueStore(store_dir / "consumequeue", 300)
+    dispatcher = ParallelDispatcher(log, cqs, None, 0, 3, batch_bytes=4000, inline_bytes=0)
+    tasks = []
+    dispatcher._submit = tasks.append
+    dispatcher._fill(log.write_position)
+    builder = BatchBuilder(str(cqs.root), 300, False)
+    for task in tasks[1:]:
+        dispatcher._complete(builder.build(task), {})
+    assert dispatcher.dispatched_offset == 0  # batch 0 never answered
+    builder.close()
+    cqs.close()
+    on_disk = ConsumeQueueStore(store_dir / "consumequeue", 300)
+    assert on_disk.covered_offset() > tasks[0].end  # the sequential rule would restart past batch 0
+    on_disk.close()
+    Checkpoint(confirm_phy_offset=dispatcher.dispatched_offset).save(store_dir / "checkpoint")
+    (store_dir / "abort").write_text("1")  # the process died
+    log.close()
+    cfg = StoreConfig(segment_size=1 << 20, consume_queue_units=300, dispatch_workers=2, message_index_enable=False)
+    with MessageStore(store_dir, cfg) as store:
+        assert store.recovery.abnormal and store.recovery.redispatched_from == 0
+        for (topic, queue_id), count in assigned.items():
+            got = store.get(topic, queue_id, 0, 10_000)
+            assert [m.queue_offset for m in got.messages] == list(range(count))
+            assert [m.properties[record.PROPERTY_UNIQ_KEY] for m in got.messages] == [
+                f"UNIQ{i:012d}" for i, key in enumerate(layout) if key == (topic, queue_id)
+            ]
+    fresh = CommitLog(store_dir / "commitlog")
+    fresh.write_position = log.write_position
+    sequential_build(fresh, tmp_path / "reference", units=300)
+    fresh.close()
+    assert same_tree(tmp_path / "reference" / "consumequeue", store_dir / "consumequeue") == []
