@@ -220,6 +220,23 @@ def sustained(root: Path, seconds: float, workers: int, producers: int) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def machine_parallelism(n: int) -> float:
+    """How many cores this machine gives us right now: n x (time of one busy process) / (time of
+    n concurrent ones).  n on an idle machine; less when other work holds the cores."""
+    import subprocess
+
+    code = "s = 0\nfor i in range(6_000_000): s += i"
+
+    def run(k: int) -> float:
+        start = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(k)]
+        for proc in procs:
+            proc.wait()
+        return time.perf_counter() - start
+
+    return n * run(1) / run(n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=200_000)
@@ -236,7 +253,11 @@ def main() -> None:
     print(f"tidemq dispatch benchmark: {os.cpu_count()} cores, figures from this run only (shared machine)")
     try:
         if not args.skip_throughput:
+            before = machine_parallelism(args.workers)
+            print(f"   cores available to {args.workers} busy processes right now: {before:.2f} (ideal {args.workers})")
             throughput(root, args.messages, args.workers, args.rounds)
+            after = machine_parallelism(args.workers)
+            print(f"   cores available to {args.workers} busy processes after the runs: {after:.2f}")
         if not args.skip_sustained:
             sustained(root, args.seconds, args.workers, args.producers)
     finally:

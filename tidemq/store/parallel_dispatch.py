@@ -22,8 +22,9 @@ the store's files through their own mappings:
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
-start on first need (forkserver: no fork of the threaded store process) and are replaced if one
-dies; its batches are built again, which rewrites the same bytes.
+start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker`: the threaded
+store process is never forked) and are replaced if one dies; its batches are built again, which
+rewrites the same bytes.  A worker whose coordinator died stops within 1024 records.
 
 Ownership: one coordinator thread calls `dispatch_until`; workers write disjoint 20-byte slots and
 create queue files with O_CREAT + ftruncate to the common size (idempotent); only the coordinator
@@ -394,9 +395,8 @@ class ParallelDispatcher:
         self._cut_offset = start_offset
         self._next_id = 0
         self._head_id = 0
-        self._generation = 0
         self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
-        self._done: dict[int, BatchResult] = {}  # answered, waiting for the batches before them
+        self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
         self._deferred: dict[int, list] = {}  # batch id -> queue entries of queues not yet started
         self._answers: dict[int, BatchResult] = {}  # committed out of order, waiting to be the head
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for a segment's last batch
