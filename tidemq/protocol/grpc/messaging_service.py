@@ -59,8 +59,9 @@ def unary(response_type):
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, listen_address: str = "127.0.0.1:8081") -> None:
         self.broker = broker
+        self.listen_address = listen_address  # advertised when a client names no endpoint
         self.closing = asyncio.Event()  # set at shutdown: telemetry streams end
 
     def _advertised(self, requested: pb.Endpoints, context) -> pb.Endpoints:
@@ -70,8 +71,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if requested.addresses:
             return requested
         return convert.endpoints(self.listen_address)
-
-    listen_address = "127.0.0.1:8081"
 
     @unary(svc.QueryRouteResponse)
     async def QueryRoute(self, request, context):
