@@ -228,3 +228,42 @@ def test_a_batch_send_answers_per_message(stub):
     assert [e.status.code for e in response.entries] == [pb.OK, pb.ILLEGAL_MESSAGE_TAG, pb.OK]
     assert [e.message_id for e in response.entries] == ["B1", "B2", "B3"]
     assert response.entries[2].offset == response.entries[0].offset + 1  # one queue, in order
+
+
+def test_telemetry_answers_every_settings_with_ok_and_the_servers_values(server, stub):
+    from tidemq.protocol.grpc import admin_call
+
+    admin_call(server.address, "CreateGroup", name="TelemetryGroup", max_attempts=5, retry_backoff_ms=[1000, 5000])
+    producer = pb.Settings(client_type=pb.PRODUCER)
+    producer.publishing.max_body_size = 134217728
+    producer.publishing.topics.add(name="Valid")
+    push = pb.Settings(client_type=pb.PUSH_CONSUMER)
+    push.subscription.group.name = "TelemetryGroup"
+    push.subscription.subscriptions.add().topic.name = "Valid"
+    replies = list(stub.Telemetry(iter([svc.TelemetryCommand(settings=producer), svc.TelemetryCommand(settings=producer),
+                                         svc.TelemetryCommand(settings=push)]), metadata=META, timeout=10))
+    assert [r.status.code for r in replies] == [pb.OK] * 3
+    for reply in replies[:2]:
+        assert reply.settings.publishing.max_body_size == 4 * 1024 * 1024
+        assert reply.settings.publishing.validate_message_type
+        assert reply.settings.backoff_policy.max_attempts == 3
+        assert not reply.settings.metric.on
+    push_reply = replies[2].settings
+    assert push_reply.subscription.long_polling_timeout.seconds == 20
+    assert push_reply.backoff_policy.max_attempts == 5
+    assert [d.seconds for d in push_reply.backoff_policy.customized_backoff.next] == [1, 5]
+    assert push_reply.subscription.lite_subscription_quota > 0
+
+
+def test_query_assignment_gives_one_topic_wide_queue_with_endpoints(server, stub):
+    req = svc.QueryAssignmentRequest()
+    req.topic.name = "Valid"
+    req.group.name = "AssignedGroup"
+    req.endpoints.scheme = pb.IPv4
+    req.endpoints.addresses.add(host="127.0.0.1", port=server.port)
+    response = stub.QueryAssignment(req, metadata=META, timeout=5)
+    assert response.status.code == pb.OK
+    (assignment,) = response.assignments
+    assert assignment.message_queue.id == -1
+    assert assignment.message_queue.broker.endpoints.addresses[0].port == server.port
+    assert list(assignment.message_queue.accept_message_types) == [pb.NORMAL]
