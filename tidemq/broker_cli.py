@@ -13,11 +13,11 @@ DEFAULT_SERVER = "127.0.0.1:8081"
 
 
 def register(commands) -> None:
-    from .server import add_serve_arguments, run
+    from .serve_options import add_serve_arguments
 
     p = commands.add_parser("serve", help="run the broker (RocketMQ 5 gRPC endpoint)")
     add_serve_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=_serve)
 
     topic = commands.add_parser("topic", help="create and list topics")
     sub = topic.add_subparsers(dest="topic_command", required=True)
@@ -42,6 +42,12 @@ def register(commands) -> None:
     p = sub.add_parser("list", help="groups with, per queue, the consumed offset and the backlog")
     _target(p)
     p.set_defaults(func=_group_list)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import run
+
+    return run(args)
 
 
 def _target(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from tidemq.server import OPTIONS, ServeOptions, add_serve_arguments, resolve_options
+from tidemq.serve_options import OPTIONS, ServeOptions, add_serve_arguments, resolve_options
 
 from .server import tidemq
 

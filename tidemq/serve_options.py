@@ -1,0 +1,89 @@
+"""`tidemq serve` options: defaults, flags, and TOML config keys named after RocketMQ's.
+
+Kept apart from `server.py` so that building the command line imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeOptions:
+    store: str = "./data"
+    listen: str = "127.0.0.1:8081"
+    flush: str = "async"
+    auto_create_topic: bool = True
+    auto_create_group: bool = True
+    default_queues: int = 8
+    broker_name: str = "tidemq"
+    advertise: str = ""
+    segment_size: int = 1 << 30
+    retention_hours: float = 72.0
+    max_message_size: int = 4 * 1024 * 1024
+    long_polling_timeout_ms: int = 20_000
+    grace_seconds: float = 5.0
+    auto_renew_invisible_time_ms: int = 60_000
+    renew_ahead_ms: int = 10_000
+    renew_interval_ms: int = 5_000
+
+
+# flag, config key (RocketMQ's name where one exists), option, help
+OPTIONS = [
+    ("--store", "storePathRootDir", "store", "store directory (default ./data)"),
+    ("--listen", "grpcListenAddress", "listen", "gRPC HOST:PORT (default 127.0.0.1:8081; port 0 picks one)"),
+    ("--flush", "flushDiskType", "flush", "async | sync (ASYNC_FLUSH | SYNC_FLUSH)"),
+    ("--auto-create-topic", "autoCreateTopicEnable", "auto_create_topic", "create topics on first use (true|false)"),
+    ("--auto-create-group", "autoCreateSubscriptionGroup", "auto_create_group", "create groups on first use (true|false)"),
+    ("--default-queues", "defaultTopicQueueNums", "default_queues", "queues of an auto-created topic (default 8)"),
+    ("--broker-name", "brokerName", "broker_name", "broker name in routes"),
+    ("--advertise", "advertisedAddress", "advertise", "HOST:PORT put in routes (default: the address the client used)"),
+    ("--segment-size", "mappedFileSizeCommitLog", "segment_size", "commit-log segment bytes"),
+    ("--retention-hours", "fileReservedTime", "retention_hours", "hours a commit-log segment is kept"),
+    ("--max-message-size", "maxMessageSize", "max_message_size", "largest message body in bytes"),
+    ("--long-polling-timeout-ms", "grpcClientConsumerLongPollingTimeoutMillis", "long_polling_timeout_ms",
+     "long polling time told to push consumers"),
+    ("--grace-seconds", "shutdownGraceSeconds", "grace_seconds", "time in-flight calls get at shutdown"),
+    ("--auto-renew-invisible-time-ms", "defaultInvisibleTimeMills", "auto_renew_invisible_time_ms",
+     "invisible time the broker picks for push consumers (auto-renew)"),
+    ("--renew-ahead-ms", "renewAheadTimeMillis", "renew_ahead_ms", "renew an auto-renewed message this long before its deadline"),
+    ("--renew-interval-ms", "renewSchedulePeriodMillis", "renew_interval_ms", "how often auto-renewal runs"),
+]
+_FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
+
+
+def _convert(option: str, value):
+    kind = type(getattr(ServeOptions(), option))
+    if kind is bool and isinstance(value, str):
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{option}: {value!r} is not true or false")
+        return value.lower() in ("true", "1", "yes")
+    return kind(value)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML file; keys as RocketMQ names them (see `tidemq serve --help`)")
+    for flag, key, option, text in OPTIONS:
+        parser.add_argument(flag, dest=option, default=None, help=f"{text} [config key {key}]")
+
+
+def resolve_options(args: argparse.Namespace) -> ServeOptions:
+    """Defaults, then the TOML file, then flags."""
+    options = ServeOptions()
+    if getattr(args, "config", None):
+        with open(args.config, "rb") as f:
+            table = tomllib.load(f)
+        by_key = {key: option for _, key, option, _ in OPTIONS}
+        for key, value in table.items():
+            if key not in by_key:
+                raise ValueError(f"{args.config}: unknown config key {key!r} (known: {', '.join(sorted(by_key))})")
+            setattr(options, by_key[key], _convert(by_key[key], value))
+    for _, _, option, _ in OPTIONS:
+        value = getattr(args, option, None)
+        if value is not None:
+            setattr(options, option, _convert(option, value))
+    if options.flush not in _FLUSH_NAMES:
+        raise ValueError(f"flush must be async or sync, not {options.flush!r}")
+    options.flush = _FLUSH_NAMES[options.flush]
+    return options
