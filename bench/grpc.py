@@ -103,7 +103,7 @@ def sdk_phases(server: Server, messages: int) -> dict:
         latencies.append(time.perf_counter() - s)
     sync_elapsed, sync_cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
 
-    t0 = time.perf_counter()
+    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
     window, futures = 64, []
     for i in range(messages):
         futures.append(producer.send_async(make(body)))
@@ -111,7 +111,7 @@ def sdk_phases(server: Server, messages: int) -> dict:
             futures.pop(0).result()
     for f in futures:
         f.result()
-    async_elapsed = time.perf_counter() - t0
+    async_elapsed, async_cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
 
     consumer = SimpleConsumer(config, f"BenchGroup{uuid.uuid4().hex[:6]}", {topic: FilterExpression()}, await_duration=2)
     consumer.startup()
@@ -159,8 +159,10 @@ def sdk_phases(server: Server, messages: int) -> dict:
     producer.shutdown()
     return {
         "sync_rate": messages / sync_elapsed, "p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
-        "sync_cpu_per_msg": sync_cpu / messages, "async_rate": messages / async_elapsed,
+        "sync_cpu_per_msg": sync_cpu / messages, "sync_busy": sync_cpu / sync_elapsed,
+        "async_rate": messages / async_elapsed, "async_busy": async_cpu / async_elapsed,
         "consume_rate": got / consume_elapsed, "consume_cpu_per_msg": consume_cpu / max(1, got), "consumed": got,
+        "consume_busy": consume_cpu / consume_elapsed,
         "delivery_p50": percentile(delivery, 0.5), "delivery_p99": percentile(delivery, 0.99), "delivered": len(delivery),
     }
 
@@ -310,10 +312,10 @@ def main() -> int:
               f"{os.cpu_count()} CPUs")
         sdk = sdk_phases(server, args.messages)
         print(f"SDK producer, sync send, 1 thread : {sdk['sync_rate']:8.0f} msg/s   latency p50 {sdk['p50'] * 1e3:.2f} ms  "
-              f"p99 {sdk['p99'] * 1e3:.2f} ms   server CPU {sdk['sync_cpu_per_msg'] * 1e6:.0f} us/msg")
-        print(f"SDK producer, send_async x64      : {sdk['async_rate']:8.0f} msg/s")
+              f"p99 {sdk['p99'] * 1e3:.2f} ms   server CPU {sdk['sync_cpu_per_msg'] * 1e6:.0f} us/msg, busy {sdk['sync_busy']:.2f} CPUs")
+        print(f"SDK producer, send_async x64      : {sdk['async_rate']:8.0f} msg/s   server busy {sdk['async_busy']:.2f} CPUs")
         print(f"SDK simple consumer receive+ack   : {sdk['consume_rate']:8.0f} msg/s   ({sdk['consumed']} messages)   "
-              f"server CPU {sdk['consume_cpu_per_msg'] * 1e6:.0f} us/msg")
+              f"server CPU {sdk['consume_cpu_per_msg'] * 1e6:.0f} us/msg, busy {sdk['consume_busy']:.2f} CPUs")
         print(f"send-to-delivery, long polling    : p50 {sdk['delivery_p50'] * 1e3:.2f} ms  p99 {sdk['delivery_p99'] * 1e3:.2f} ms"
               f"  ({sdk['delivered']} messages; target p99 < 10 ms: {'met' if sdk['delivery_p99'] < 0.010 else 'NOT met'})")
 
