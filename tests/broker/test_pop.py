@@ -319,3 +319,18 @@ def test_a_long_run_of_filtered_out_entries_does_not_hide_a_match_behind_it(harn
     harness.send("Sparse", b"wanted", tag="wanted")
     got = harness.receive("G", "Sparse", expression="wanted", poll_ms=5_000)
     assert bodies(got) == [b"wanted"]
+
+
+def test_an_open_telemetry_stream_keeps_a_client_alive_without_heartbeats(harness):
+    broker = harness.broker
+    broker.telemetry_opened("push-1")
+    harness.send("T", b"m0")
+    harness.receive("G", "T", auto_renew=True, client_id="push-1")
+    harness.clock.advance(broker.config.client_expire_ms + 55_000)
+    assert broker.renew(harness.clock.now) == 1  # renewed, not released
+    assert harness.receive("G", "T") == []
+    broker.telemetry_closed("push-1")
+    harness.clock.advance(broker.config.auto_renew_invisible_time_ms - broker.config.renew_ahead_ms + 1)
+    broker.renew(harness.clock.now)  # the client is gone now: visible in a second
+    harness.clock.advance(broker.config.offline_invisible_time_ms)
+    assert bodies(harness.receive("G", "T")) == [b"m0"]
