@@ -334,3 +334,13 @@ def test_an_open_telemetry_stream_keeps_a_client_alive_without_heartbeats(harnes
     broker.renew(harness.clock.now)  # the client is gone now: visible in a second
     harness.clock.advance(broker.config.offline_invisible_time_ms)
     assert bodies(harness.receive("G", "T")) == [b"m0"]
+
+
+def test_released_deliveries_come_back_after_a_second(harness):
+    harness.send("T", b"m0")
+    harness.send("T", b"m1")
+    got = harness.receive("G", "T", invisible_ms=60_000)
+    harness.broker.release("G", "T", [got[0].receipt_handle, "nonsense"])
+    harness.clock.advance(harness.broker.config.offline_invisible_time_ms)
+    again = harness.receive("G", "T")
+    assert bodies(again) == [got[0].record.body] and again[0].delivery_attempt == 2

@@ -411,6 +411,17 @@ class Broker:
         self._set_invisible(sub, d, until, self._generation, "")
         return d.handle
 
+    def release(self, group: str, topic: str, handles: list[str]) -> None:
+        """Deliveries the client never got (the stream broke): visible again in a second."""
+        sub = self.subscriptions.get((group, topic))
+        if sub is None:
+            return
+        now = self.clock()
+        for handle in handles:
+            d = sub.lookup(handle, now)
+            if d is not None:
+                self._set_invisible(sub, d, now + self.config.offline_invisible_time_ms, d.generation, "")
+
     def _set_invisible(self, sub: Subscription, d: Delivery, until: int, generation: int, owner: str) -> None:
         sub.set_invisible(d.queue_id, d.queue_offset, until, generation, owner)
         self.journal.append(["i", sub.group, sub.topic, d.queue_id, d.queue_offset, until, generation, owner])

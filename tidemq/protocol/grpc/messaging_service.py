@@ -152,17 +152,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return
         namespace = request.group.resource_namespace
         now = self.broker.clock()
-        if not received:
-            yield svc.ReceiveMessageResponse(status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-        else:
-            yield svc.ReceiveMessageResponse(status=convert.OK)
-            for r in received:
-                message = convert.delivered_message(r.record, namespace, r.receipt_handle, r.delivery_attempt,
-                                                    r.invisible_until - now)
-                yield svc.ReceiveMessageResponse(message=message)
-        done = svc.ReceiveMessageResponse()
-        done.delivery_timestamp.FromMilliseconds(self.broker.clock())
-        yield done
+        written = 0
+        try:
+            if not received:
+                yield svc.ReceiveMessageResponse(status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            else:
+                yield svc.ReceiveMessageResponse(status=convert.OK)
+                for r in received:
+                    message = convert.delivered_message(r.record, namespace, r.receipt_handle, r.delivery_attempt,
+                                                        r.invisible_until - now)
+                    yield svc.ReceiveMessageResponse(message=message)
+                    written += 1
+            done = svc.ReceiveMessageResponse()
+            done.delivery_timestamp.FromMilliseconds(self.broker.clock())
+            yield done
+        finally:
+            if written < len(received):  # the stream broke: what was not written comes back soon
+                self.broker.release(req.group, req.topic, [r.receipt_handle for r in received[written:]])
 
     @unary(svc.AckMessageResponse)
     async def AckMessage(self, request, context):
