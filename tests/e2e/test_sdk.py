@@ -194,10 +194,11 @@ def test_push_consumer_success(server, clients):
     listener = Listener(lambda m: ConsumeResult.SUCCESS)
     clients.push(group, {topic: FilterExpression()}, listener)
     producer = clients.producer(topic)
-    for i in range(10):
-        producer.send(message(topic, b"m%d" % i))
-    wait_until(lambda: len(listener.calls) >= 10, what="10 consumed")
-    assert sorted(listener.calls) == sorted((b"m%d" % i, 1) for i in range(10))
+    futures = [producer.send_async(message(topic, b"m%d" % i)) for i in range(200)]
+    for f in futures:
+        f.result(timeout=30)
+    wait_until(lambda: len(listener.calls) >= 200, what="200 consumed")
+    assert sorted(listener.calls) == sorted((b"m%d" % i, 1) for i in range(200))
     wait_until(lambda: _backlog(server, group, topic) == 0, what="backlog 0")
 
 
