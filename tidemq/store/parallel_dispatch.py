@@ -229,6 +229,8 @@ class BatchBuilder:
             pos += rec.total_size
             if not records & 1023 and self.coordinator_pid and os.getppid() != self.coordinator_pid:
                 os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
+        if exit_countdown:
+            self.exit_after_units = exit_countdown
         queues = [(k[0], k[1], s[0], s[1] - s[0], s[2]) for k, s in written.items()]
         return BatchResult(
             batch_id=task.batch_id,
