@@ -234,3 +234,32 @@ def test_push_consumer_retries_with_backoff_then_dead_letters(server, clients, b
     assert dead.body == b"poison" and dead.tag == "P" and dead.keys == {"pk"}
     wait_until(lambda: _backlog(server, group, topic) == 0, what="backlog 0")
     assert sum(1 for b, _ in listener.calls if b == b"poison") == 3
+
+
+def test_namespaces_keep_same_named_topics_and_groups_apart(server):
+    from rocketmq import ClientConfiguration, Credentials
+
+    topic, group = unique("Spaced"), unique("G")
+    started = []
+    try:
+        received = {}
+        for namespace in ("tenantA", "tenantB"):
+            config = ClientConfiguration(server.address, Credentials(), namespace=namespace)
+            producer = Producer(config, (topic,))
+            producer.startup()
+            started.append(producer)
+            producer.send(message(topic, namespace.encode()))
+        for namespace in ("tenantA", "tenantB"):
+            config = ClientConfiguration(server.address, Credentials(), namespace=namespace)
+            consumer = SimpleConsumer(config, group, {topic: FilterExpression()}, await_duration=1)
+            consumer.startup()
+            started.append(consumer)
+            got = receive_all(consumer, 1)
+            assert consumer.receive(32, 20) == []
+            received[namespace] = [(m.body, m.topic) for m in got]
+        assert received == {"tenantA": [(b"tenantA", topic)], "tenantB": [(b"tenantB", topic)]}
+        names = {t["name"] for t in admin_call(server.address, "ListTopics")}
+        assert {f"tenantA%{topic}", f"tenantB%{topic}"} <= names
+    finally:
+        for client in reversed(started):
+            client.shutdown()

@@ -33,6 +33,34 @@ def status(code: Code | int, message: str = "") -> pb.Status:
 OK = status(Code.OK, "OK")
 
 
+_PREFIXES = ("%RETRY%", "%DLQ%")
+NAMESPACE_SEPARATOR = "%"
+
+
+def resource_name(resource: pb.Resource) -> str:
+    """The broker's name of a resource: `namespace%name` when a namespace is given (retry and
+    dead-letter names keep their prefix first: `%DLQ%namespace%group`), as RocketMQ's
+    NamespaceUtil wraps them."""
+    namespace, plain = resource.resource_namespace, resource.name
+    if not namespace or not plain:
+        return plain
+    for prefix in _PREFIXES:
+        if plain.startswith(prefix):
+            return f"{prefix}{namespace}{NAMESPACE_SEPARATOR}{plain[len(prefix):]}"
+    return f"{namespace}{NAMESPACE_SEPARATOR}{plain}"
+
+
+def plain_name(wrapped: str, namespace: str) -> str:
+    """Inverse of `resource_name`: what a client of `namespace` calls the resource."""
+    if not namespace:
+        return wrapped
+    marker = f"{namespace}{NAMESPACE_SEPARATOR}"
+    for prefix in _PREFIXES:
+        if wrapped.startswith(prefix + marker):
+            return prefix + wrapped[len(prefix) + len(marker):]
+    return wrapped[len(marker):] if wrapped.startswith(marker) else wrapped
+
+
 def endpoints(address: str) -> pb.Endpoints:
     """`host:port` -> Endpoints (IPv4, IPv6 or domain name)."""
     host, _, port = address.rpartition(":")
@@ -46,12 +74,12 @@ def endpoints(address: str) -> pb.Endpoints:
     return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
 
 
-def message_queues(topic: TopicConfig, namespace: str, broker_name: str, where: pb.Endpoints,
+def message_queues(topic: TopicConfig, resource: pb.Resource, broker_name: str, where: pb.Endpoints,
                    queue_ids=None) -> list[pb.MessageQueue]:
+    """The topic's queues as a client names them (`resource`: the topic of its request)."""
     permission = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE}.get(topic.perm, pb.NONE)
     accept = ACCEPT_MESSAGE_TYPES.get(topic.message_type, [pb.NORMAL])
     broker = pb.Broker(name=broker_name, id=0, endpoints=where)
-    resource = pb.Resource(name=topic.name, resource_namespace=namespace)
     ids = range(topic.queue_nums) if queue_ids is None else queue_ids
     return [pb.MessageQueue(topic=resource, id=qid, permission=permission, broker=broker,
                             accept_message_types=accept) for qid in ids]
@@ -70,7 +98,7 @@ def publish_from(message: pb.Message) -> Publish:
     if sp.body_encoding not in (pb.IDENTITY, pb.GZIP, pb.ENCODING_UNSPECIFIED):
         raise BrokerError(Code.BAD_REQUEST, f"unknown body encoding {sp.body_encoding}")
     return Publish(
-        topic=message.topic.name,
+        topic=resource_name(message.topic),
         body=message.body,
         message_id=sp.message_id,
         message_type=message_type,
@@ -91,7 +119,7 @@ def delivered_message(rec: record.Record, namespace: str, handle: str, attempt: 
     body = rec.body if isinstance(rec.body, bytes) else bytes(rec.body)
     properties = rec.properties
     m = pb.Message(body=body)
-    m.topic.name = rec.topic
+    m.topic.name = plain_name(rec.topic, namespace)
     m.topic.resource_namespace = namespace
     for name, value in properties.items():
         if name not in RESERVED_PROPERTIES:

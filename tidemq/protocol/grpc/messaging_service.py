@@ -74,15 +74,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(svc.QueryRouteResponse)
     async def QueryRoute(self, request, context):
-        topic = self.broker.route(request.topic.name)
+        topic = self.broker.route(convert.resource_name(request.topic))
         where = self._advertised(request.endpoints, context)
-        queues = convert.message_queues(topic, request.topic.resource_namespace, self.broker.config.broker_name, where)
+        queues = convert.message_queues(topic, request.topic, self.broker.config.broker_name, where)
         return svc.QueryRouteResponse(status=convert.OK, message_queues=queues)
 
     @unary(svc.HeartbeatResponse)
     async def Heartbeat(self, request, context):
         client_type = convert.CLIENT_TYPE_NAMES.get(request.client_type, "")
-        self.broker.heartbeat(_client_id(context), client_type, request.group.name)
+        self.broker.heartbeat(_client_id(context), client_type, convert.resource_name(request.group))
         return svc.HeartbeatResponse(status=convert.OK)
 
     @unary(svc.SendMessageResponse)
@@ -113,13 +113,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @unary(svc.QueryAssignmentResponse)
     async def QueryAssignment(self, request, context):
         broker = self.broker
-        topic = broker.route(request.topic.name)
-        validation.check_group_name(request.group.name, broker.config)
-        broker.group(request.group.name)
+        topic = broker.route(convert.resource_name(request.topic))
+        group = convert.resource_name(request.group)
+        validation.check_group_name(group, broker.config)
+        broker.group(group)
         if topic.perm & 4 == 0:
             raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
         where = self._advertised(request.endpoints, context)
-        queues = convert.message_queues(topic, request.topic.resource_namespace, broker.config.broker_name, where, [-1])
+        queues = convert.message_queues(topic, request.topic, broker.config.broker_name, where, [-1])
         return svc.QueryAssignmentResponse(status=convert.OK, assignments=[pb.Assignment(message_queue=q) for q in queues])
 
     async def ReceiveMessage(self, request, context):
@@ -132,8 +133,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if remaining is not None and poll_ms > 0:
                 poll_ms = max(0, min(poll_ms, int((remaining - POLL_MARGIN_S) * 1000)))
             req = ReceiveRequest(
-                group=request.group.name,
-                topic=request.message_queue.topic.name,
+                group=convert.resource_name(request.group),
+                topic=convert.resource_name(request.message_queue.topic),
                 client_id=client_id,
                 filter_type=convert.FILTER_TYPE_NAMES.get(request.filter_expression.type, "?"),
                 filter_expression=request.filter_expression.expression or "*",
@@ -150,7 +151,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             log.exception("ReceiveMessage failed")
             yield svc.ReceiveMessageResponse(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
             return
-        namespace = request.group.resource_namespace
+        namespace = request.message_queue.topic.resource_namespace
         now = self.broker.clock()
         written = 0
         try:
@@ -174,7 +175,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def AckMessage(self, request, context):
         if not request.entries:
             raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
-        failures = self.broker.ack_many(request.group.name, request.topic.name,
+        failures = self.broker.ack_many(convert.resource_name(request.group), convert.resource_name(request.topic),
                                         [entry.receipt_handle for entry in request.entries])
         entries = []
         for entry, failure in zip(request.entries, failures):
@@ -190,7 +191,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         try:
             if not _client_id(context):
                 raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
-            handle = self.broker.change_invisible(request.group.name, request.topic.name, request.receipt_handle,
+            handle = self.broker.change_invisible(convert.resource_name(request.group),
+                                                  convert.resource_name(request.topic), request.receipt_handle,
                                                   request.invisible_duration.ToMilliseconds())
             result_status = convert.OK
         except BrokerError as exc:
@@ -202,7 +204,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @unary(svc.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(self, request, context):
-        await self.broker.forward_to_dead_letter(request.group.name, request.topic.name, request.receipt_handle)
+        await self.broker.forward_to_dead_letter(convert.resource_name(request.group), convert.resource_name(request.topic),
+                                                 request.receipt_handle)
         return svc.ForwardMessageToDeadLetterQueueResponse(status=convert.OK)
 
     @unary(svc.NotifyClientTerminationResponse)
@@ -235,11 +238,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if not client_id:
                 raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
             client_type = convert.CLIENT_TYPE_NAMES.get(settings.client_type, "")
-            group = settings.subscription.group.name if settings.HasField("subscription") else ""
+            group = convert.resource_name(settings.subscription.group) if settings.HasField("subscription") else ""
             if settings.HasField("publishing"):
-                topics = [t.name for t in settings.publishing.topics]
+                topics = [convert.resource_name(t) for t in settings.publishing.topics]
             else:
-                topics = [s.topic.name for s in settings.subscription.subscriptions]
+                topics = [convert.resource_name(s.topic) for s in settings.subscription.subscriptions]
             server = self.broker.client_settings(client_id, client_type, group, topics)
             return svc.TelemetryCommand(status=convert.OK, settings=convert.server_settings(settings, server))
         except BrokerError as exc:
