@@ -29,7 +29,9 @@ class ExportReport:
     messages: list[str] = field(default_factory=list)
 
 
-def export(spark, store: str | os.PathLike, out: str | os.PathLike, *, mode: str = "errorifexists", partition_size=None) -> ExportReport:
+def export(
+    spark, store: str | os.PathLike, out: str | os.PathLike, *, mode: str = "errorifexists", partition_size=None
+) -> ExportReport:
     """Write every message of `store` to Parquet under `out`, in `topic=.../day=YYYY-MM-DD/`."""
     from pyspark.sql import functions as F
 
@@ -37,7 +39,8 @@ def export(spark, store: str | os.PathLike, out: str | os.PathLike, *, mode: str
     report = ExportReport(out=str(out))
     report_tail(store, report.messages)
     df = _reader(spark, partition_size).load(str(store))
-    df = df.withColumn("day", F.to_date(F.from_utc_timestamp(df.store_timestamp, "UTC")))
+    # the UTC day whatever the session's time zone
+    df = df.withColumn("day", F.expr("date_from_unix_date(CAST(floor(unix_millis(store_timestamp) / 86400000) AS INT))"))
     with task_errors():
         df.write.mode(mode).partitionBy("topic", "day").parquet(str(out))
     return report

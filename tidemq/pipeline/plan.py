@@ -222,7 +222,9 @@ def chain_end(log: CommitLogDir) -> int:
             pos = record.skip_records(mm, 0, size)
             if pos == 0 and not any(mm[:8]):
                 continue
-            if pos < size and record.decode(mm, pos, base_offset=seg_start, read_body=False, read_properties=False).__class__ is record.EndOfSegment:
-                pos = size
+            if pos < size:
+                ending = record.decode(mm, pos, base_offset=seg_start, read_body=False, read_properties=False)
+                if type(ending) is record.EndOfSegment:
+                    pos = size
         return seg_start + pos
     return 0
