@@ -274,6 +274,10 @@ class IndexFile:
         begin_ts, _, _, _, _, count = self.header()
         found: list[int] = []
         index = int(self.slots[hash_value % self.hash_slots])
+        # an append in progress links slots before it counts its entries: skip back to counted ones
+        while count <= index < self.max_entries:
+            previous = int(self.entries[index]["prev"])
+            index = previous if previous < index else 0
         steps = 0
         while 0 < index < count and len(found) < max_num and steps < count:
             h, phy, diff, previous = self.entries[index].tolist()
