@@ -431,3 +431,62 @@ def test_recovery_restarts_below_an_unfinished_batch_when_later_ones_are_written
     sequential_build(fresh, tmp_path / "reference", units=300)
     fresh.close()
     assert same_tree(tmp_path / "reference" / "consumequeue", store_dir / "consumequeue") == []
+
+
+def test_a_record_workers_cannot_decode_stops_dispatch_there(tmp_path, caplog):
+    """Damage the header walk cannot see (a PHYSICALOFFSET that lies): dispatch stops at that
+    record, reports it, and goes on stopping there instead of skipping it or crashing."""
+    log, _ = build_log(tmp_path / "log", [("t", i % 3) for i in range(400)], segment_size=1 << 20)
+    offsets = []
+    offset = 0
+    while offset < log.write_position:
+        rec = log.read_record(offset, check_crc=False)
+        offsets.append(offset)
+        offset += rec.total_size
+    bad = offsets[250]
+    segment = log.segment_for(bad)
+    segment.mm[bad + 28 : bad + 36] = (bad + 1).to_bytes(8, "big")  # PHYSICALOFFSET
+    cqs = ConsumeQueueStore(tmp_path / "cq", 1000)
+    dispatcher = ParallelDispatcher(log, cqs, None, 0, 2, batch_bytes=3000, inline_bytes=0)
+    try:
+        dispatcher.dispatch_until(log.write_position)
+        assert dispatcher.dispatched_offset == bad
+        assert f"dispatch stopped at commit-log offset {bad}" in caplog.text
+        assert dispatcher.dispatch_until(log.write_position) == 0
+        assert dispatcher.dispatched_offset == bad
+        # the entries before the damaged record are all visible, in order
+        for q in range(3):
+            units = cqs.queues[("t", q)].read(0, 1000)
+            assert [u.queue_offset for u in units] == list(range(len(units)))
+            assert len(units) >= sum(1 for i in range(250) if i % 3 == q)  # records before the damage
+    finally:
+        dispatcher.close()
+        cqs.close()
+
+
+def test_other_sinks_get_every_request_in_log_order(tmp_path):
+    log, _ = build_log(tmp_path / "log", [(f"t{i % 2}", i % 5) for i in range(500)], segment_size=16 * 1024)
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self) -> None:
+            self.offsets: list[int] = []
+
+        def dispatch(self, requests, changes) -> None:
+            self.offsets.extend(r.commit_log_offset for r in requests)
+
+    cqs = ConsumeQueueStore(tmp_path / "cq", 1000)
+    dispatcher = ParallelDispatcher(log, cqs, None, 0, 2, batch_bytes=2000, inline_bytes=0)
+    recorder = Recorder()
+    dispatcher.add_sink(recorder)
+    try:
+        dispatcher.dispatch_until(log.write_position)
+    finally:
+        dispatcher.close()
+        cqs.close()
+    expected = []
+    reference = Dispatcher(log, [], 0)
+    reference.sinks = [type("S", (), {"name": "s", "dispatch": lambda self, reqs, ch: expected.extend(r.commit_log_offset for r in reqs)})()]
+    reference.dispatch_until(log.write_position)
+    assert recorder.offsets == expected and len(expected) == 500
