@@ -26,6 +26,15 @@ start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker
 store process is never forked) and are replaced if one dies; its batches are built again, which
 rewrites the same bytes.  A worker whose coordinator died stops within 1024 records.
 
+Batches are backlog / (4 × workers), between 64 KiB and `batch_bytes`, with up to 3 × workers
+outstanding, so that one slow batch does not leave the other workers idle.
+
+Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
+(which runs the sequential `Dispatcher`) restarts at or below the oldest unfinished batch even when
+later batches are written: the queues' furthest entry, `ConsumeQueueStore.covered_offset`, is only
+trusted after a clean shutdown, when every batch is finished.  Units written past a queue's first
+unwritten slot are zeroed when the queue is loaded, so they are never taken for entries.
+
 Ownership: one coordinator thread calls `dispatch_until`; workers write disjoint 20-byte slots and
 create queue files with O_CREAT + ftruncate to the common size (idempotent); only the coordinator
 touches `ConsumeQueue` objects, the key index and the listeners.
