@@ -11,7 +11,7 @@ from pipeline_logs import LONG_TOPIC, sample_messages, write_store
 from tidemq.pipeline import CorruptLogError
 from tidemq.pipeline import plan as planning
 from tidemq.pipeline.columns import COLUMN_NAMES, SCHEMA, select_schema
-from tidemq.pipeline.rebuild import task_errors
+from tidemq.pipeline.rebuild import rebuild, task_errors
 from tidemq.pipeline.source import ReadSettings, read_range
 from tidemq.store import record
 
@@ -150,6 +150,10 @@ def test_a_torn_tail_ends_the_read_at_the_last_valid_record(spark, written_store
     got = [o for b in read_range(part, settings) for o in b.column(0).to_pylist()]
     assert got[-1] == results[-2].commit_log_offset
     assert f"torn tail at commit-log offset {last.commit_log_offset}" in caplog.text
+    # a job says so in its report, and indexes nothing past the last valid record
+    report = rebuild(spark, copy, tmp_path / "out", units_per_file=100, key_index=False, partition_size="32k")
+    assert [m for m in report.messages if f"torn tail at commit-log offset {last.commit_log_offset}" in m]
+    assert report.entries == sum(1 for m in messages[:-1] if m.sysflag & 0xC in (0, 8))
 
 
 def test_a_corrupt_record_in_the_middle_stops_the_read_with_an_error(spark, written_store, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pipeline_logs import sample_messages, store_config
 
 from tidemq.store import MessageStore
@@ -63,3 +65,33 @@ def test_available_now_resumes_from_its_checkpoint_in_bounded_batches(spark, tmp
         assert got == first + more
     finally:
         store.close()
+
+
+def test_latest_start_and_several_brokers(spark, tmp_path):
+    a = MessageStore(tmp_path / "a", store_config())
+    b = MessageStore(tmp_path / "b", store_config())
+    query = None
+    try:
+        for m in sample_messages(50):
+            a.put(m)
+        stream = (
+            spark.readStream.format("tidemq-commitlog")
+            .option("columns", "broker,commit_log_offset")
+            .option("startingOffsets", "latest")
+            .option("paths", json.dumps([str(tmp_path / "a"), str(tmp_path / "b")]))  # readStream.load takes one path
+            .load()
+        )
+        query = stream.writeStream.format("memory").queryName("brokers").start()
+        query.processAllAvailable()
+        assert spark.sql("SELECT * FROM brokers").count() == 0  # what was there before is skipped
+        new_a = [a.put(m).commit_log_offset for m in sample_messages(30, seed=4)]
+        new_b = [b.put(m).commit_log_offset for m in sample_messages(20, seed=5)]
+        query.processAllAvailable()
+        rows = spark.sql("SELECT broker, commit_log_offset FROM brokers").collect()
+        assert sorted(r.commit_log_offset for r in rows if r.broker == "a") == new_a
+        assert sorted(r.commit_log_offset for r in rows if r.broker == "b") == new_b
+    finally:
+        if query is not None:
+            query.stop()
+        a.close()
+        b.close()

@@ -3,6 +3,7 @@
     spark.read.format("tidemq-commitlog").load(store_dir)               # one broker
     spark.read.format("tidemq-commitlog").load([store_a, store_b])      # a `broker` column says which
     spark.readStream.format("tidemq-commitlog").load(store_dir)         # tail a live store
+    spark.readStream.format("tidemq-commitlog").option("paths", json.dumps([a, b])).load()
 
 Options (all optional):
     partitionSize   bytes of commit log per task (default 64 MiB; suffixes k, m, g)
