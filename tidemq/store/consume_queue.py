@@ -225,13 +225,17 @@ class ConsumeQueue:
                 if queue_offset > self.commit_frontier:
                     self._pending.add(queue_offset)
                 return False
-            frontier = queue_offset + 1
-            pending = self._pending
-            while frontier in pending:
-                pending.remove(frontier)
-                frontier += 1
-            self.commit_frontier = frontier
+            self._advance_to(queue_offset + 1)
             return True
+
+    def _advance_to(self, frontier: int) -> None:
+        """Set the frontier to `frontier`, then past every pending slot contiguous with it
+        (`_lock` held)."""
+        pending = self._pending
+        while frontier in pending:
+            pending.remove(frontier)
+            frontier += 1
+        self.commit_frontier = frontier
 
     def commit_range(self, first: int, end: int) -> bool:
         """Mark the written slots [first, end) as complete (parallel dispatch: a batch's slots of
@@ -246,12 +250,7 @@ class ConsumeQueue:
                 return False
             if end <= frontier:
                 return False
-            frontier = end
-            pending = self._pending
-            while frontier in pending:
-                pending.remove(frontier)
-                frontier += 1
-            self.commit_frontier = frontier
+            self._advance_to(end)
             return True
 
     def adopt_files(self, first_offset: int) -> None:

@@ -73,6 +73,15 @@ class DispatchRequest:
         return self.properties.get(record.PROPERTY_UNIQ_KEY)
 
 
+def notify_listeners(listeners: list[ArrivalListener], changes: dict[QueueKey, int]) -> None:
+    """Tell every listener which queues' frontiers moved; a listener's bug must not stop dispatch."""
+    for listener in listeners:
+        try:
+            listener(changes)
+        except Exception:
+            log.exception("arrival listener failed")
+
+
 class DispatchSink(Protocol):
     name: str
 
@@ -209,11 +218,7 @@ class Dispatcher:
             self.dispatched_offset = next_offset
             total += len(requests)
             if notify and changes:
-                for listener in self.listeners:
-                    try:
-                        listener(changes)
-                    except Exception:  # a listener's bug must not stop dispatch
-                        log.exception("arrival listener failed")
+                notify_listeners(self.listeners, changes)
         return total
 
     def _read_batch(self, limit: int) -> tuple[list[DispatchRequest], int]:

@@ -60,7 +60,7 @@ import numpy as np
 from . import record
 from .commit_log import CommitLog
 from .consume_queue import UNIT, UNIT_SIZE, ConsumeQueue, file_name
-from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchRequest, DispatchStats, QueueKey
+from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchRequest, DispatchStats, QueueKey, notify_listeners
 from .index_file import key_hashes
 
 log = logging.getLogger(__name__)
@@ -440,11 +440,7 @@ class ParallelDispatcher:
             for result in self._collect():
                 total += self._complete(result, changes)
             if notify and changes:
-                for listener in self.listeners:
-                    try:
-                        listener(changes)
-                    except Exception:  # a listener's bug must not stop dispatch
-                        log.exception("arrival listener failed")
+                notify_listeners(self.listeners, changes)
             if self._stalled:
                 self._stalled = False
                 return total
