@@ -75,3 +75,10 @@ def test_a_missing_java_is_one_clear_error(monkeypatch, tmp_path, capsys):
     assert main(["pipeline", "stats", "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "install" in err[0]
+
+
+def test_local_sessions_stay_on_loopback(spark):
+    """Local mode binds the driver to 127.0.0.1, never to the machine's other interfaces."""
+    assert spark.conf.get("spark.driver.host") == "127.0.0.1"
+    assert spark.conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert spark.sparkContext.uiWebUrl is None or "127.0.0.1" in spark.sparkContext.uiWebUrl

@@ -48,6 +48,12 @@ def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
 
     builder = SparkSession.builder.master(master).appName(app_name)
     builder = builder.config("spark.sql.session.timeZone", "UTC")
+    if master.startswith("local"):
+        # everything runs on this machine: keep the driver and its block manager on loopback
+        # (Spark would otherwise pick the first non-loopback interface); a cluster master uses
+        # whatever addresses the caller configures
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
