@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import filecmp
 import itertools
 import struct
 from pathlib import Path
@@ -18,18 +17,10 @@ from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, file_size, key_hash, key_hashes
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.recovery import scan_log
+from trees import same_tree
 
 
 BASE_TS = 1_700_000_000_000
-
-
-def same_tree(a: Path, b: Path) -> list[str]:
-    """Relative paths that differ (missing on one side or different bytes)."""
-    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
-    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
-    differ = sorted(str(p) for p in files_a ^ files_b)
-    differ += sorted(str(p) for p in files_a & files_b if not filecmp.cmp(a / p, b / p, shallow=False))
-    return differ
 
 
 def small_config(**overrides) -> StoreConfig:

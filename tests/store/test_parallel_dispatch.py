@@ -3,7 +3,6 @@ worker processes, and crashes of a worker and of the whole store."""
 
 from __future__ import annotations
 
-import filecmp
 import os
 import random
 import signal
@@ -21,6 +20,7 @@ from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.parallel_dispatch import CRASH_ENV, BatchBuilder, ParallelDispatcher
+from trees import same_tree
 
 STORE_HOST = ("127.0.0.1", 10911)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +58,6 @@ def sequential_build(log: CommitLog, out: Path, units: int, slots: int = 64, ent
     Dispatcher(log, [queues, index], log.min_offset).dispatch_until(log.write_position)
     queues.close()
     index.close()
-
-
-def same_tree(a: Path, b: Path) -> list[str]:
-    """Relative paths that differ (missing on one side or different bytes)."""
-    files_a = {p.relative_to(a) for p in a.rglob("*") if p.is_file()}
-    files_b = {p.relative_to(b) for p in b.rglob("*") if p.is_file()}
-    differ = sorted(str(p) for p in files_a ^ files_b)
-    differ += sorted(str(p) for p in files_a & files_b if not filecmp.cmp(a / p, b / p, shallow=False))
-    return differ
 
 
 # ---------------------------------------------------------------------------------------------
