@@ -3,6 +3,7 @@ a client was told is stored is lost, unacked messages come back, acked ones do n
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -72,9 +73,11 @@ def group_progress(address: str, group: str, topic: str) -> dict:
     raise AssertionError(f"no progress for {group} on {topic}")
 
 
-def test_restart_mid_stream_loses_nothing_and_unacked_handles_survive(tmp_path):
-    server = ServerProcess(tmp_path / "store").start()
-    topic, group = unique("Restart"), unique("G")
+@contextlib.contextmanager
+def sending(server: ServerProcess, prefix: str):
+    """A producer sending in a loop and a simple consumer, on a fresh topic and group; everything
+    (the server included) is stopped on the way out."""
+    topic, group = unique(prefix), unique("G")
     producer = Producer(server.config(), (topic,))
     consumer = SimpleConsumer(server.config(), group, {topic: FilterExpression()}, await_duration=1)
     producer.startup()
@@ -82,6 +85,17 @@ def test_restart_mid_stream_loses_nothing_and_unacked_handles_survive(tmp_path):
     loop = SendLoop(producer, topic)
     try:
         loop.start()
+        yield topic, group, consumer, loop
+    finally:
+        loop.stopping.set()
+        consumer.shutdown()
+        producer.shutdown()
+        server.stop()
+
+
+def test_restart_mid_stream_loses_nothing_and_unacked_handles_survive(tmp_path):
+    server = ServerProcess(tmp_path / "store").start()
+    with sending(server, "Restart") as (topic, group, consumer, loop):
         wait_until(lambda: len(loop.sent) >= 50, what="50 sends")
         held = consumer.receive(5, 60)  # delivered, not acked across the restart
         assert len(held) == 5
@@ -100,23 +114,11 @@ def test_restart_mid_stream_loses_nothing_and_unacked_handles_survive(tmp_path):
         assert set(loop.sent) <= seen
         assert held_ids <= seen
         assert group_progress(server.address, group, topic)["backlog"] == 0
-    finally:
-        loop.stopping.set()
-        consumer.shutdown()
-        producer.shutdown()
-        server.stop()
 
 
 def test_sigkill_under_sync_flush_loses_no_acknowledged_send(tmp_path):
     server = ServerProcess(tmp_path / "store", "--flush", "sync").start()
-    topic, group = unique("Kill"), unique("G")
-    producer = Producer(server.config(), (topic,))
-    consumer = SimpleConsumer(server.config(), group, {topic: FilterExpression()}, await_duration=1)
-    producer.startup()
-    consumer.startup()
-    loop = SendLoop(producer, topic)
-    try:
-        loop.start()
+    with sending(server, "Kill") as (topic, group, consumer, loop):
         wait_until(lambda: len(loop.sent) >= 40, what="40 sends")
         first = consumer.receive(10, 60)
         acked = {m.message_id for m in first[:4]}
@@ -146,8 +148,3 @@ def test_sigkill_under_sync_flush_loses_no_acknowledged_send(tmp_path):
             assert set(loop.sent) <= drain(fresh, set(loop.sent))
         finally:
             fresh.shutdown()
-    finally:
-        loop.stopping.set()
-        consumer.shutdown()
-        producer.shutdown()
-        server.stop()
