@@ -1,0 +1,178 @@
+"""The columnar dispatch decoder (`scan`) against the reference codec (`record.decode`): the same
+records, the same fields, the same stopping point, on random logs and on every truncation."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidemq.store import record
+from tidemq.store.dispatch import DispatchRequest
+from tidemq.store.index_file import key_hashes
+from tidemq.store.scan import scan
+
+NAMES = ["TAGS", "KEYS", record.PROPERTY_UNIQ_KEY, "a", "XTAGS", "TAG", "KEYSX"]
+TEXT = st.text(alphabet=st.sampled_from(list("ab Z#09\x01é€\U0001d11e ")), max_size=8)
+
+segments = st.one_of(
+    st.tuples(st.sampled_from(NAMES), TEXT).map(lambda nv: f"{nv[0]}\x01{nv[1]}\x02".encode()),
+    st.tuples(st.sampled_from(NAMES), st.binary(max_size=6)).map(lambda nv: nv[0].encode() + b"\x01" + nv[1]),
+    st.binary(max_size=6),  # junk: stray separators, no separator, invalid UTF-8
+    st.just(b"\x02"),
+)
+properties = st.lists(segments, max_size=6).map(b"".join)
+topics = st.one_of(
+    st.text(alphabet=st.sampled_from(list("abt_%é")), min_size=1, max_size=10),
+    st.text(alphabet=st.sampled_from(list("xyz")), min_size=128, max_size=140),  # v2
+)
+hosts = st.sampled_from([("127.0.0.1", 10911), ("10.1.2.3", 0), ("::1", 10911), ("2001:db8::7", 80)])
+messages = st.fixed_dictionaries(
+    {
+        "topic": topics,
+        "body": st.binary(max_size=40),
+        "queue_id": st.integers(0, 5),
+        "queue_offset": st.integers(0, 2**40),
+        "properties": properties,
+        "born_host": hosts,
+        "store_host": hosts,
+        "sysflag": st.sampled_from([0, record.TRANSACTION_PREPARED, record.TRANSACTION_COMMIT, record.TRANSACTION_ROLLBACK, record.FLAG_MULTI_TAGS]),
+        "store_timestamp": st.integers(0, 2**42),
+    }
+)
+
+
+def encode(m: dict, commit_log_offset: int) -> bytes:
+    prepared = record.prepare(
+        topic=m["topic"], body=m["body"], queue_id=m["queue_id"], properties_bytes=m["properties"],
+        store_host=m["store_host"], born_host=m["born_host"], born_timestamp=1, sysflag=m["sysflag"],
+    )
+    out = bytearray(prepared.total_size)
+    prepared.pack_into(out, 0, m["queue_offset"], commit_log_offset, m["store_timestamp"])
+    return bytes(out)
+
+
+def build_log(items: list[dict], base: int, tail: str, segment_room: int) -> tuple[bytearray, list[int]]:
+    buf = bytearray()
+    starts = []
+    for m in items:
+        starts.append(len(buf))
+        buf += encode(m, base + len(buf))
+    if tail == "blank":
+        size = 8 + segment_room
+        buf += record.encode_blank(size) + bytes(size - 8)
+    elif tail == "zeros":
+        buf += bytes(segment_room)
+    elif tail == "torn" and items:
+        torn = encode(items[0], base + len(buf))
+        buf += torn[: max(1, len(torn) * segment_room // 200)]
+    return buf, starts
+
+
+def reference(buf, start: int, stop: int, base: int) -> tuple[list[DispatchRequest], int]:
+    """What dispatch gets from `record.decode` walking from `start`, and where it stops."""
+    requests = []
+    pos = start
+    while True:
+        try:
+            rec = record.decode(buf, pos, base_offset=base, check_crc=False, read_body=False)
+        except struct.error:
+            # record.decode unpacks an IPv6 header that runs past a short buffer's end: not a record
+            break
+        if type(rec) is not record.Record or pos + rec.total_size > stop:
+            break
+        requests.append(DispatchRequest.from_record(rec))
+        pos += rec.total_size
+    return requests, base + pos
+
+
+def expected_index(requests: list[DispatchRequest]):
+    texts, phys, times = [], [], []
+    for r in requests:
+        if r.sysflag & record.TRANSACTION_TYPE_MASK == record.TRANSACTION_ROLLBACK:
+            continue
+        for key in ([r.unique_key] if r.unique_key else []) + r.keys:
+            texts.append(f"{r.topic}#{key}")
+            phys.append(r.commit_log_offset)
+            times.append(r.store_timestamp)
+    return key_hashes(texts), phys, times
+
+
+def check_agrees(buf, start: int, stop: int, base: int) -> None:
+    requests, end = reference(bytes(buf), start, stop, base)
+    columns = scan(buf, start, stop, base)
+    assert columns.end == end
+    assert len(columns) == len(requests)
+    got = [DispatchRequest.from_columns(columns, i) for i in range(len(columns))]
+    assert got == requests
+    for i, r in enumerate(requests):
+        assert columns.topic_names[columns.topic_ids[i]] == r.topic
+        assert columns.unique_key(i) == r.unique_key and columns.keys(i) == r.keys
+    hashes, phys, times = columns.index_keys()
+    want_hashes, want_phys, want_times = expected_index(requests)
+    assert hashes.tolist() == want_hashes.tolist()
+    assert phys.tolist() == want_phys and times.tolist() == want_times
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.lists(messages, max_size=8),
+    base=st.sampled_from([0, 1 << 30, 12345]),
+    tail=st.sampled_from(["none", "blank", "zeros", "torn"]),
+    room=st.integers(0, 200),
+    first=st.integers(0, 8),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    field_flips=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 140), st.integers(0, 255)), max_size=2),
+    stop_cut=st.integers(0, 400),
+    data=st.data(),
+)
+def test_scan_agrees_with_decode_on_random_logs(items, base, tail, room, first, flips, field_flips, stop_cut, data):
+    buf, starts = build_log(items, base, tail, room)
+    for at, value in flips:  # corruption anywhere: sizes, magic, lengths, topics, properties
+        if buf:
+            buf[at % len(buf)] = value
+    for index, at, value in field_flips:  # corruption in a record's header fields
+        if starts and starts[index % len(starts)] + at < len(buf):
+            buf[starts[index % len(starts)] + at] = value
+    start = starts[min(first, len(starts) - 1)] if starts else 0
+    stop = max(start, len(buf) - stop_cut) if data.draw(st.booleans()) else len(buf)
+    check_agrees(buf, start, stop, base)
+    check_agrees(bytes(buf), start, stop, base)
+
+
+def test_scan_agrees_on_every_truncation():
+    items = [
+        {"topic": "orders", "body": b"x" * 10, "queue_id": 1, "queue_offset": 7, "born_host": ("127.0.0.1", 1),
+         "store_host": ("127.0.0.1", 10911), "sysflag": 0, "store_timestamp": 5,
+         "properties": record.encode_properties({"TAGS": "TagA", "KEYS": "k1  k2", record.PROPERTY_UNIQ_KEY: "U1"})},
+        {"topic": "t" * 130, "body": b"", "queue_id": 0, "queue_offset": 0, "born_host": ("::1", 1),
+         "store_host": ("2001:db8::1", 10911), "sysflag": record.TRANSACTION_COMMIT, "store_timestamp": 6,
+         "properties": "KEYS\x01é€\x02TAGS\x01\U0001d11e\x02".encode()},
+        {"topic": "p", "body": b"zz", "queue_id": 2, "queue_offset": 1, "born_host": ("10.0.0.1", 2),
+         "store_host": ("127.0.0.1", 10911), "sysflag": record.TRANSACTION_ROLLBACK, "store_timestamp": 7,
+         "properties": b"TAGS\x01a\x02TAGS\x01b"},
+    ]
+    buf, starts = build_log(items, 4096, "blank", 16)
+    for length in range(len(buf) + 1):
+        check_agrees(bytes(buf[:length]), 0, length, 4096)
+        check_agrees(bytes(buf[:length]), starts[1], max(length, starts[1]), 4096)
+
+
+def test_scan_of_a_mapping_keeps_no_export(tmp_path):
+    """The columns hold the mapping itself, not a NumPy view of it: it can still be closed."""
+    import mmap
+
+    raw = encode({"topic": "t", "body": b"b", "queue_id": 0, "queue_offset": 0, "born_host": ("127.0.0.1", 1),
+                  "store_host": ("127.0.0.1", 2), "sysflag": 0, "store_timestamp": 1,
+                  "properties": b"TAGS\x01x\x02KEYS\x01k\x02"}, 0)
+    path = tmp_path / "seg"
+    path.write_bytes(raw + bytes(100))
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 0)
+    columns = scan(mm, 0, len(mm), 0)
+    assert len(columns) == 1 and columns.keys(0) == ["k"]
+    assert columns.index_keys()[0].tolist() == key_hashes(["t#k"]).tolist()
+    assert np.array_equal(columns.tags_codes, [record.java_string_hash("x")])
+    mm.close()
