@@ -283,6 +283,40 @@ class ConsumeQueue:
             return False
         return self.commit(queue_offset)
 
+    def put_run(self, slots: np.ndarray, units: np.ndarray) -> bool:
+        """`put` for a run of units (a `UNIT_DTYPE` array) at `slots`, in log order: when the
+        slots are contiguous and not below the frontier, the units are copied into the files in
+        bulk; True if the frontier moved."""
+        count = len(slots)
+        first = int(slots[0])
+        last = int(slots[-1])
+        if first < self.commit_frontier or last - first != count - 1 or not self._files or (
+            count > 1 and not bool((slots[1:] - slots[:-1] == 1).all())
+        ):
+            moved = False
+            for slot, unit in zip(slots.tolist(), units.tolist()):
+                moved = self.put(slot, *unit) or moved
+            return moved
+        done = 0
+        while done < count:
+            slot = first + done
+            qf = self._file_for(slot, create=True)
+            if qf is None:
+                raise ValueError(f"queue offset {slot} of {self.topic}/{self.queue_id} is below its first file")
+            n = min(count - done, qf.start + self.units_per_file - slot)
+            pos = (slot - qf.start) * UNIT_SIZE
+            qf.mm[pos : pos + n * UNIT_SIZE] = units[done : done + n].tobytes()
+            done += n
+        end = int(units["offset"][-1]) + int(units["size"][-1])
+        if end > self.max_physical_offset:
+            self.max_physical_offset = end
+        with self._lock:
+            if first == self.commit_frontier:
+                self._advance_to(last + 1)
+                return True
+            self._pending.update(range(first, last + 1))
+            return False
+
     # -- reading ----------------------------------------------------------------------------
 
     def _unit_at(self, queue_offset: int) -> tuple[int, int, int]:

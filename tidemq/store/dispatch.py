@@ -2,13 +2,17 @@
 CommitLog.
 
 A `DispatchRequest` is what one record contributes to the indexes; it knows its queue slot
-because queue offsets are assigned at append time.  A `DispatchSink` takes batches of requests;
-sinks may write slots out of order, and each reports the queues whose commit frontier moved so
-that listeners (long polling) are told only of committed entries.
+because queue offsets are assigned at append time.  A `DispatchBatch` is a run of them in
+columnar form (`scan.RecordColumns`: NumPy arrays of offsets, sizes, queue ids and offsets,
+sysflags, store times, tags codes), with the list of `DispatchRequest`s built only for a sink
+that asks for objects.  A `DispatchSink` takes batches: `dispatch_batch(batch, changes)` if it
+has one, else `dispatch(batch.requests, changes)`.  Sinks may write slots out of order, and each
+reports the queues whose commit frontier moved so that listeners (long polling) are told only of
+committed entries.
 
 The `Dispatcher` tails the log from `dispatched_offset` up to a limit the store gives it (the
-flushed position under sync flush, the write position otherwise), decoding with the shared record
-codec.  Ownership: `dispatch_until` runs on one thread at a time (the dispatch thread, or recovery
+flushed position under sync flush, the write position otherwise), decoding with the columnar
+scan (`scan.scan`) and asking the shared record codec why it stopped where it did.  Ownership: `dispatch_until` runs on one thread at a time (the dispatch thread, or recovery
 before that thread starts).
 """
 
@@ -19,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
+import numpy as np
+
 from . import record
 from .commit_log import CommitLog
-from .consume_queue import DEFAULT_UNITS_PER_FILE, ConsumeQueue
+from .consume_queue import DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, ConsumeQueue
+from .scan import RecordColumns, scan
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,20 @@ class DispatchRequest:
             properties,
         )
 
+    @classmethod
+    def from_columns(cls, columns: RecordColumns, i: int) -> "DispatchRequest":
+        return cls(
+            columns.topics[i],
+            int(columns.queue_ids[i]),
+            int(columns.offsets[i]),
+            int(columns.sizes[i]),
+            int(columns.tags_codes[i]),
+            int(columns.store_timestamps[i]),
+            int(columns.queue_offsets[i]),
+            int(columns.sysflags[i]),
+            columns.properties(i),
+        )
+
     @property
     def builds_queue_entry(self) -> bool:
         """PREPARED and ROLLBACK transaction records get no queue entry."""
@@ -71,6 +92,41 @@ class DispatchRequest:
     @property
     def unique_key(self) -> str | None:
         return self.properties.get(record.PROPERTY_UNIQ_KEY)
+
+
+class DispatchBatch:
+    """A run of records to dispatch, in log order: `columns` (see `scan.RecordColumns`) and, built
+    on first use, `requests`, one `DispatchRequest` per record for sinks that want objects."""
+
+    __slots__ = ("columns", "_requests")
+
+    def __init__(self, columns: RecordColumns) -> None:
+        self.columns = columns
+        self._requests: list[DispatchRequest] | None = None
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @property
+    def requests(self) -> list[DispatchRequest]:
+        if self._requests is None:
+            from_columns = DispatchRequest.from_columns
+            self._requests = [from_columns(self.columns, i) for i in range(len(self.columns))]
+        return self._requests
+
+    def builds_queue_entry(self) -> np.ndarray:
+        """Per record: does it get a ConsumeQueue entry (PREPARED and ROLLBACK do not)?"""
+        kinds = self.columns.sysflags & record.TRANSACTION_TYPE_MASK
+        return (kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT)
+
+
+def dispatch_to(sink, batch: DispatchBatch, changes: dict[QueueKey, int]) -> None:
+    """Hand `batch` to `sink` in columnar form if it takes that, else as requests."""
+    dispatch_batch = getattr(sink, "dispatch_batch", None)
+    if dispatch_batch is not None:
+        dispatch_batch(batch, changes)
+    else:
+        sink.dispatch(batch.requests, changes)
 
 
 def notify_listeners(listeners: list[ArrivalListener], changes: dict[QueueKey, int]) -> None:
@@ -87,6 +143,9 @@ class DispatchSink(Protocol):
 
     def dispatch(self, requests: list[DispatchRequest], changes: dict[QueueKey, int]) -> None:
         """Index `requests`; record each queue whose frontier moved in `changes`."""
+
+    # optional: def dispatch_batch(self, batch: DispatchBatch, changes) -> None, the same in
+    # columnar form; a sink without it is given `batch.requests`
 
     def covered_offset(self) -> int:
         """A commit-log offset below which everything is indexed (recovery restarts there)."""
@@ -154,6 +213,66 @@ class ConsumeQueueStore:
                 changes[key] = cq.commit_frontier
             self.logics_msg_timestamp = req.store_timestamp
 
+    # a queue's run of at least this many units in a batch is written with one bulk copy
+    BULK_UNITS = 8
+
+    def dispatch_batch(self, batch: DispatchBatch, changes: dict[QueueKey, int]) -> None:
+        """`dispatch` in columnar form: each queue's units of the batch written together (one
+        copy of a big-endian unit array when their slots are contiguous), in log order within
+        the queue."""
+        columns = batch.columns
+        entry = batch.builds_queue_entry()
+        rows = np.flatnonzero(entry)
+        if not len(rows):
+            return
+        queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
+        order = np.argsort(queue_keys, kind="stable")
+        rows = rows[order]
+        sorted_keys = queue_keys[order]
+        bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
+        slots = columns.queue_offsets[rows]
+        units = np.empty(len(rows), dtype=UNIT_DTYPE)
+        units["offset"] = columns.offsets[rows]
+        units["size"] = columns.sizes[rows]
+        units["tags_code"] = columns.tags_codes[rows]
+        names = columns.topic_names
+        topic_ids = columns.topic_ids[rows].tolist()
+        queue_ids = columns.queue_ids[rows].tolist()
+        slot_list = slots.tolist()
+        queues = self.queues
+        last_row = -1
+        bulk = self.BULK_UNITS
+        for start, stop in zip([0] + bounds, bounds + [len(rows)]):
+            key = (names[topic_ids[start]], queue_ids[start])
+            cq = queues.get(key)
+            if cq is None:
+                cq = self.get_or_create(*key)
+            if cq.is_empty:
+                if not self.allow_late_start:
+                    # recovery: an empty queue whose first slot here is not 0 is a hole
+                    first = start
+                    while first < stop and slot_list[first]:
+                        first += 1
+                    if first > start:
+                        self.late_start.add(key)
+                    start = first
+                    if start == stop:
+                        continue
+                cq.initialize_at(slot_list[start])
+            if stop - start >= bulk:
+                moved = cq.put_run(slots[start:stop], units[start:stop])
+            else:
+                moved = False
+                put = cq.put
+                for k in range(start, stop):
+                    unit = units[k]
+                    moved = put(slot_list[k], int(unit["offset"]), int(unit["size"]), int(unit["tags_code"])) or moved
+            if moved:
+                changes[key] = cq.commit_frontier
+            last_row = max(last_row, int(rows[stop - 1]))
+        if last_row >= 0:
+            self.logics_msg_timestamp = int(columns.store_timestamps[last_row])
+
     def covered_offset(self) -> int:
         return max((cq.max_physical_offset for cq in self.queues.values()), default=0)
 
@@ -204,47 +323,43 @@ class Dispatcher:
         """Dispatch every record wholly below `limit`; returns how many records."""
         total = 0
         while self.dispatched_offset < limit:
-            requests, next_offset = self._read_batch(limit)
+            batch, next_offset = self._read_batch(limit)
             if next_offset == self.dispatched_offset:
                 break
             changes: dict[QueueKey, int] = {}
-            if requests:
+            count = len(batch)
+            if count:
                 for sink in self.sinks:
-                    sink.dispatch(requests, changes)
-                last = requests[-1]
-                self.stats.records += len(requests)
-                self.stats.last_store_timestamp = last.store_timestamp
+                    dispatch_to(sink, batch, changes)
+                self.stats.records += count
+                self.stats.last_store_timestamp = int(batch.columns.store_timestamps[-1])
             self.stats.bytes += next_offset - self.dispatched_offset
             self.dispatched_offset = next_offset
-            total += len(requests)
+            total += count
             if notify and changes:
                 notify_listeners(self.listeners, changes)
         return total
 
-    def _read_batch(self, limit: int) -> tuple[list[DispatchRequest], int]:
+    def _read_batch(self, limit: int) -> tuple[DispatchBatch, int]:
         offset = self.dispatched_offset
         segment = self.commit_log.segment_for(offset)
         if segment is None:
-            return [], offset
+            return DispatchBatch(scan(b"", 0, 0, offset)), offset
         mm = segment.mm
         base = segment.start
-        stop = min(limit, segment.end, offset + self.batch_bytes)
-        requests: list[DispatchRequest] = []
-        from_record = DispatchRequest.from_record
-        decode = record.decode
-        while offset < stop:
-            result = decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False)
-            if type(result) is record.Record:
-                end = offset + result.total_size
-                if end > limit:
-                    break
-                requests.append(from_record(result))
-                offset = end
-            elif type(result) is record.EndOfSegment:
-                offset = segment.end
-                break
-            else:
-                # nothing more readable here yet (the writer has not reached it) or damage that
-                # recovery will report; dispatch never skips past it
-                break
-        return requests, offset
+        stop = min(limit, segment.end)
+        columns = scan(mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base)
+        return DispatchBatch(columns), self._past_blank(segment, columns.end, stop)
+
+    @staticmethod
+    def _past_blank(segment, offset: int, stop: int) -> int:
+        """Where dispatch goes on from `offset`, where the scan stopped: past the segment's end if
+        a blank is there; otherwise it stays (nothing more readable yet — the writer has not
+        reached it — or damage that recovery will report: dispatch never skips past it)."""
+        if offset >= stop:
+            return offset
+        result = record.decode(segment.mm, offset - segment.start, base_offset=segment.start, check_crc=False,
+                               read_body=False, read_properties=False)
+        if type(result) is record.EndOfSegment:
+            return segment.end
+        return offset

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import record
-from .dispatch import DispatchRequest, QueueKey
+from .dispatch import DispatchBatch, DispatchRequest, QueueKey
 from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, file_name, key_hash, key_hashes
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,22 @@ class KeyIndex:
             self.last_store_timestamp = requests[-1].store_timestamp
         if texts:
             self.append_entries(key_hashes(texts), np.asarray(phys, np.int64), np.asarray(times, np.int64), end)
+        else:
+            self.indexed_until = max(self.indexed_until, end)
+
+    def dispatch_batch(self, batch: DispatchBatch, changes: dict[QueueKey, int]) -> None:
+        """`dispatch` in columnar form: the keys' hashes computed from the batch's columns."""
+        columns = batch.columns
+        if not len(columns):
+            return
+        offsets = columns.offsets
+        end = self.indexed_until
+        if int(offsets[-1]) >= end:
+            end = int(offsets[-1]) + int(columns.sizes[-1])
+        self.last_store_timestamp = int(columns.store_timestamps[-1])
+        hashes, phys, times = columns.index_keys()
+        if len(hashes):
+            self.append_entries(hashes, phys, times, end)
         else:
             self.indexed_until = max(self.indexed_until, end)
 
