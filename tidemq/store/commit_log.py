@@ -158,26 +158,37 @@ class CommitLog:
             self.segments.append(segment)
         return segment
 
-    def append(self, message: EncodedMessage, queue_offset: int, store_timestamp: int) -> int:
-        """Write `message` at the write position (rolling to a new segment if it does not fit with
-        8 bytes to spare); returns its commit-log offset.  Raises OSError if no segment can be made,
-        leaving the log as it was."""
-        size = message.total_size
-        if size + BLANK_SIZE > self.segment_size:
-            raise ValueError(f"a {size}-byte record cannot fit a {self.segment_size}-byte segment")
+    def reserve(self, size: int) -> tuple[mmap.mmap, int, int]:
+        """Where the next `size`-byte record goes: (segment mapping, position in it, commit-log
+        offset).  Rolls to a new segment, closing the current one with a blank, when the record
+        does not fit with 8 bytes to spare.  The caller writes the whole record there, then sets
+        `write_position` to offset + size.  Raises OSError if no segment can be made, leaving the
+        log as it was."""
         offset = self.write_position
         segment = self._active
+        if segment is not None:
+            pos = offset - segment.start
+            if 0 <= pos and pos + size + BLANK_SIZE <= segment.size:
+                return segment.mm, pos, offset
+        if size + BLANK_SIZE > self.segment_size:
+            raise ValueError(f"a {size}-byte record cannot fit a {self.segment_size}-byte segment")
         if segment is None or not segment.start <= offset < segment.end:
             segment = self._active = self._ensure_segment(offset)
         pos = offset - segment.start
         room = segment.size - pos
         if size + BLANK_SIZE > room:
-            next_start = segment.end
-            next_segment = self._ensure_segment(next_start)  # may raise: nothing written yet
+            next_segment = self._ensure_segment(segment.end)  # may raise: nothing written yet
             segment.mm[pos : pos + BLANK_SIZE] = record.encode_blank(room)
-            segment, offset, pos = next_segment, next_start, 0
+            segment, pos = next_segment, 0
             self._active = segment
-        message.pack_into(segment.mm, pos, queue_offset, offset, store_timestamp)
+            self.write_position = offset = segment.start
+        return segment.mm, pos, offset
+
+    def append(self, message: EncodedMessage, queue_offset: int, store_timestamp: int) -> int:
+        """Write an encoded record at the write position; returns its commit-log offset."""
+        size = message.total_size
+        mm, pos, offset = self.reserve(size)
+        message.pack_into(mm, pos, queue_offset, offset, store_timestamp)
         self.write_position = offset + size
         return offset
 

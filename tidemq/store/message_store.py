@@ -153,6 +153,9 @@ class _UniqueKeys:
         return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
 
 
+_UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
+
+
 class _NoQueue:
     commit_frontier = 0
 
@@ -203,6 +206,8 @@ class MessageStore:
         self._unique_keys = _UniqueKeys(cfg.store_host[0])
         self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
         self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
+        self._templates: dict[tuple, record.RecordTemplate] = {}  # (topic, born host) -> template
+        self._property_suffixes: dict[str | None, bytes] = {}  # tag -> its encoded TAGS property
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.key_index = (
             KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
@@ -310,7 +315,9 @@ class MessageStore:
             return f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}"
         return None
 
-    def _prepare(self, message: Message) -> tuple[record.EncodedMessage, str]:
+    def _prepare(self, message: Message) -> tuple:
+        """Validate `message` and build what does not depend on where it lands: (template, body,
+        body CRC, properties bytes, UNIQ_KEY, born timestamp).  Raises InvalidMessageError."""
         cfg = self.config
         topic, body, queue_id = message.topic, message.body, message.queue_id
         if (
@@ -327,10 +334,8 @@ class MessageStore:
                 self._valid_topics.add(topic)
             body = bytes(body)
         properties = message.properties
-        unique_key = properties.get(record.PROPERTY_UNIQ_KEY) if properties else None
-        if not unique_key:
-            unique_key = self._unique_keys.next()
         if properties:
+            unique_key = properties.get(record.PROPERTY_UNIQ_KEY) or self._unique_keys.next()
             items = dict(properties)
             items[record.PROPERTY_UNIQ_KEY] = unique_key
             if message.tags is not None:
@@ -342,34 +347,49 @@ class MessageStore:
             except record.CodecError as exc:
                 raise InvalidMessageError(str(exc)) from None
         else:
-            # the common case, built directly: UNIQ_KEY, TAGS, KEYS
-            text = f"{record.PROPERTY_UNIQ_KEY}\x01{unique_key}\x02"
-            tags, keys = message.tags, message.keys
-            if tags is not None:
-                text = f"{text}TAGS\x01{tags}\x02"
-            if keys:
-                text = f"{text}KEYS\x01{record.KEY_SEPARATOR.join(keys)}\x02"
-            if text.count("\x01") != 1 + (tags is not None) + bool(keys) or text.count("\x02") != text.count("\x01"):
-                raise InvalidMessageError(f"tags, keys or message id contain a \\x01 or \\x02 separator character")
-            properties_bytes = text.encode("utf-8")
+            # the common case: UNIQ_KEY, then TAGS and KEYS, whose encoding is cached per tag
+            unique_key = self._unique_keys.next()
+            keys = message.keys
+            suffix = self._property_suffixes.get(message.tags) if not keys else None
+            if suffix is None:
+                suffix = self._property_suffix(message.tags, keys)
+            properties_bytes = b"".join((_UNIQ_KEY_PREFIX, unique_key.encode("ascii"), suffix))
+        if len(properties_bytes) > record.MAX_PROPERTIES_BYTES:
+            raise InvalidMessageError(f"properties are {len(properties_bytes)} bytes, at most {record.MAX_PROPERTIES_BYTES}")
+        template = self._templates.get((topic, message.born_host))
+        if template is None:
+            template = self._template(topic, message.born_host)
+        if template.fixed_size + len(body) + len(properties_bytes) + record.BLANK_SIZE > self.commit_log.segment_size:
+            size = template.fixed_size + len(body) + len(properties_bytes)
+            raise InvalidMessageError(f"a {size}-byte record does not fit a {self.commit_log.segment_size}-byte segment")
+        born_timestamp = self.clock() if message.born_timestamp is None else message.born_timestamp
+        return template, body, record.crc32(body) & 0x7FFFFFFF, properties_bytes, unique_key, born_timestamp
+
+    def _property_suffix(self, tags: str | None, keys: list[str] | None) -> bytes:
+        """TAGS and KEYS as property bytes (after UNIQ_KEY); cached per tag when there are no keys."""
+        text = f"TAGS\x01{tags}\x02" if tags is not None else ""
+        if keys:
+            text = f"{text}KEYS\x01{record.KEY_SEPARATOR.join(keys)}\x02"
+        if text.count("\x01") != (tags is not None) + bool(keys) or text.count("\x02") != text.count("\x01"):
+            raise InvalidMessageError("tags or keys contain a \\x01 or \\x02 separator character")
         try:
-            encoded = record.template(topic, message.born_host, cfg.store_host).encode(
-                body,
-                queue_id,
-                properties_bytes,
-                self.clock() if message.born_timestamp is None else message.born_timestamp,
-                message.flag,
-                message.sysflag,
-                message.reconsume_times,
-                message.prepared_transaction_offset,
-            )
+            suffix = b"\x02" + text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidMessageError(f"tags or keys are not encodable as UTF-8: {exc.reason}") from None
+        if not keys and len(self._property_suffixes) < 10_000:
+            self._property_suffixes[tags] = suffix
+        return suffix
+
+    def _template(self, topic: str, born_host) -> record.RecordTemplate:
+        try:
+            template = record.RecordTemplate(topic, born_host, self.config.store_host)
         except record.CodecError as exc:
             raise InvalidMessageError(str(exc)) from None
         except (ValueError, TypeError) as exc:  # a malformed host address or port
             raise InvalidMessageError(f"cannot encode the message: {exc}") from None
-        if encoded.total_size + record.BLANK_SIZE > self.commit_log.segment_size:
-            raise InvalidMessageError(f"a {encoded.total_size}-byte record does not fit a {self.commit_log.segment_size}-byte segment")
-        return encoded, unique_key
+        if len(self._templates) < 10_000:
+            self._templates[(topic, born_host)] = template
+        return template
 
     def put(self, message: Message, on_durable: DurableCallback | None = None) -> PutResult:
         """Append one message.
@@ -381,18 +401,19 @@ class MessageStore:
 
         Raises InvalidMessageError (nothing stored, no queue offset used), StoreIOError (the disk
         refused; nothing stored), FlushTimeoutError (sync flush: written, durability unconfirmed)."""
-        blocking = self.group_commit is not None and on_durable is None
+        group_commit = self.group_commit
+        blocking = group_commit is not None and on_durable is None
         if blocking:
-            self.group_commit.begin()
+            group_commit.begin()
         try:
             if self._closed:
                 raise StoreClosedError("the store is closed")
-            encoded, unique_key = self._prepare(message)
+            prepared = self._prepare(message)
             with self._append_lock:
                 if self._closed:
                     raise StoreClosedError("the store is closed")
                 try:
-                    result = self._append_locked(message, encoded, unique_key, self.clock())
+                    result = self._append_locked(message, prepared, self.clock())
                 except OSError as exc:
                     raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
                 end = result.commit_log_offset + result.size
@@ -400,7 +421,7 @@ class MessageStore:
             self._await_durable(end, blocking, on_durable, result)
         finally:
             if blocking:
-                self.group_commit.end()
+                group_commit.end()
         return result
 
     def put_batch(self, messages: list[Message], on_durable: DurableCallback | None = None) -> list[PutResult]:
@@ -425,15 +446,17 @@ class MessageStore:
     def _append(self, messages) -> tuple[list[PutResult], int]:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        prepared = [self._prepare(m) for m in messages]  # raises before anything is stored
+        prepare = self._prepare
+        prepared = [prepare(m) for m in messages]  # raises before anything is stored
         results: list[PutResult] = []
         with self._append_lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             store_timestamp = self.clock()
+            append_locked = self._append_locked
             try:
-                for message, (encoded, unique_key) in zip(messages, prepared):
-                    results.append(self._append_locked(message, encoded, unique_key, store_timestamp))
+                for message, parts in zip(messages, prepared):
+                    results.append(append_locked(message, parts, store_timestamp))
             except OSError as exc:
                 error = StoreIOError(
                     exc.errno, f"append failed, nothing stored from message {len(results)} of the batch on: {exc.strerror or exc}"
@@ -446,16 +469,37 @@ class MessageStore:
                     self._last_written = (last.commit_log_offset + last.size, store_timestamp)
         return results, self._last_written[0]
 
-    def _append_locked(self, message: Message, encoded: record.EncodedMessage, unique_key: str, store_timestamp: int) -> PutResult:
-        """Assign the queue offset and append; the append lock is held."""
-        transaction = message.sysflag & record.TRANSACTION_TYPE_MASK
+    def _append_locked(self, message: Message, prepared: tuple, store_timestamp: int) -> PutResult:
+        """Assign the queue offset and write the record at the log's end; the append lock is held."""
+        template, body, body_crc, properties_bytes, unique_key, born_timestamp = prepared
+        sysflag = message.sysflag
+        transaction = sysflag & record.TRANSACTION_TYPE_MASK
         takes_offset = not transaction or transaction == record.TRANSACTION_COMMIT
         key = (message.topic, message.queue_id)
         queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
-        offset = self.commit_log.append(encoded, queue_offset, store_timestamp)
+        size = template.fixed_size + len(body) + len(properties_bytes)
+        commit_log = self.commit_log
+        mm, pos, offset = commit_log.reserve(size)
+        template.write_into(
+            mm,
+            pos,
+            body,
+            body_crc,
+            message.queue_id,
+            properties_bytes,
+            born_timestamp,
+            message.flag,
+            sysflag,
+            message.reconsume_times,
+            message.prepared_transaction_offset,
+            queue_offset,
+            offset,
+            store_timestamp,
+        )
+        commit_log.write_position = offset + size
         if takes_offset:
             self._queue_offsets[key] = queue_offset + 1
-        return PutResult(offset, encoded.total_size, queue_offset, unique_key, store_timestamp, self.config.store_host)
+        return PutResult(offset, size, queue_offset, unique_key, store_timestamp, self.config.store_host)
 
     def _await_durable(self, end: int, blocking: bool, on_durable: DurableCallback | None, token) -> None:
         group_commit = self.group_commit

@@ -502,6 +502,59 @@ class RecordTemplate:
         )
         return EncodedMessage(data, self.store_timestamp_position)
 
+    def size(self, body_len: int, properties_len: int) -> int:
+        return self.fixed_size + body_len + properties_len
+
+    def write_into(
+        self,
+        buf,
+        pos: int,
+        body: bytes,
+        body_crc: int,
+        queue_id: int,
+        properties_bytes: bytes,
+        born_timestamp: int,
+        flag: int,
+        sysflag: int,
+        reconsume_times: int,
+        prepared_transaction_offset: int,
+        queue_offset: int,
+        commit_log_offset: int,
+        store_timestamp: int,
+    ) -> None:
+        """Write a whole record at `buf[pos:]` in place, every field known (the append path: no
+        intermediate bytes object).  `body_crc` is `crc32(body) & 0x7FFFFFFF`; properties must
+        already be checked against MAX_PROPERTIES_BYTES."""
+        body_len = len(body)
+        properties_len = len(properties_bytes)
+        header = self.header
+        header.pack_into(
+            buf,
+            pos,
+            self.fixed_size + body_len + properties_len,
+            self.magic,
+            body_crc,
+            queue_id,
+            flag,
+            queue_offset,
+            commit_log_offset,
+            (sysflag & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | self.sysflag_bits,
+            born_timestamp,
+            self.born_ip,
+            self.born_port,
+            store_timestamp,
+            self.store_ip,
+            self.store_port,
+            reconsume_times,
+            prepared_transaction_offset,
+            body_len,
+        )
+        pos += header.size
+        buf[pos : pos + body_len] = body
+        pos += body_len
+        tail = self.topic_part + properties_len.to_bytes(2, "big") + properties_bytes
+        buf[pos : pos + len(tail)] = tail
+
 
 @lru_cache(maxsize=4096)
 def template(topic: str, born_host: Host, store_host: Host) -> RecordTemplate:
