@@ -6,9 +6,10 @@ the store's files through their own mappings:
 - The coordinator (the store's dispatch thread) walks only the record headers (size and magic,
   like RocketMQ's reput pre-check) from `_cut_offset` and cuts record-aligned **batches** of at
   most `batch_bytes`, numbered in log order.  A blank ends a segment's last batch.
-- A worker (`BatchBuilder`) maps the commit-log segment read-only, decodes each record with the
-  shared codec, and writes its ConsumeQueue unit **at its slot** (queue offsets were assigned at
-  append time) through its own mapping of the queue file, creating files as needed.  For the key
+- A worker (`BatchBuilder`) maps the commit-log segment read-only, decodes the batch with the
+  columnar decoder (`scan`), and writes each ConsumeQueue unit **at its slot** (queue offsets
+  were assigned at append time) through its own mapping of the queue file, creating files as
+  needed: a queue's contiguous run of slots in the batch is one copy of a unit array.  For the key
   index it computes the entries (hash of `topic#key`, commit-log offset, store time) but does not
   write them.  It answers with, per queue, the slots it wrote, and the index entries.
 - The coordinator commits each batch's slots as soon as the batch's answer arrives, in any order:
@@ -24,7 +25,7 @@ Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordi
 the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
 start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker`: the threaded
 store process is never forked) and are replaced if one dies; its batches are built again, which
-rewrites the same bytes.  A worker whose coordinator died stops within 1024 records.
+rewrites the same bytes.  A worker whose coordinator died stops before writing a batch.
 
 Batches are backlog / (4 × workers), between 64 KiB and `batch_bytes`, with up to 3 × workers
 outstanding, so that one slow batch does not leave the other workers idle.
@@ -59,9 +60,9 @@ import numpy as np
 
 from . import record
 from .commit_log import CommitLog
-from .consume_queue import UNIT, UNIT_SIZE, ConsumeQueue, file_name
-from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchRequest, DispatchStats, QueueKey, notify_listeners
-from .index_file import key_hashes
+from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, ConsumeQueue, file_name
+from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchBatch, DispatchStats, QueueKey, dispatch_to, notify_listeners
+from .scan import scan
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class BatchBuilder:
         self._units_per_file: dict[QueueKey, int] = {}
         self._files: dict[tuple[str, int, int], mmap.mmap] = {}
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
-        self.coordinator_pid = 0  # set in a worker: stop within 1024 records if the coordinator dies
+        self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
 
     def _segment(self, task: BatchTask) -> mmap.mmap:
         mm = self._segments.get(task.segment_path)
@@ -168,91 +169,109 @@ class BatchBuilder:
     def build(self, task: BatchTask) -> BatchResult:
         mm = self._segment(task)
         base = task.segment_start
-        pos = task.begin - base
-        stop = task.end - base
-        decode = record.decode
-        Record = record.Record
-        tags_code = record.tags_code
-        unit_pack = UNIT.pack_into
+        columns = scan(mm, task.begin - base, task.end - base, base)
+        error = None
+        if columns.end < task.end:
+            rec = record.decode(mm, columns.end - base, base_offset=base, check_crc=False, read_body=False)
+            error = f"{type(rec).__name__} at commit-log offset {columns.end}" + (
+                f": {rec.reason}" if type(rec) is record.Invalid else ""
+            )
+        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
+            os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
+        queues = self._write_units(columns) if len(columns) else []
+        if self.index_enabled:
+            hashes, phys, times = columns.index_keys()
+        else:
+            hashes, phys, times = np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return BatchResult(
+            batch_id=task.batch_id,
+            begin=task.begin,
+            end=columns.end,
+            error=error,
+            records=len(columns),
+            last_store_timestamp=int(columns.store_timestamps[-1]) if len(columns) else 0,
+            queues=queues,
+            index_hashes=hashes,
+            index_phys=phys,
+            index_timestamps=times,
+        )
+
+    def _write_units(self, columns) -> list:
+        """Write every queue entry of `columns` at its slot; returns, per queue, the slots
+        written as (topic, queue id, first, count, extra slots or None): [first, first + count)
+        followed by `extra` when the queue's slots in this batch were not contiguous."""
+        kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
+        rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
+        if not len(rows):
+            return []
+        queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
+        order = np.argsort(queue_keys, kind="stable")
+        rows = rows[order]
+        sorted_keys = queue_keys[order]
+        bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
+        slots = columns.queue_offsets[rows]
+        units = np.empty(len(rows), dtype=UNIT_DTYPE)
+        units["offset"] = columns.offsets[rows]
+        units["size"] = columns.sizes[rows]
+        units["tags_code"] = columns.tags_codes[rows]
+        # a run continues where the previous unit's slot + 1 is the next one's, within one group
+        follows = np.zeros(len(rows), dtype=bool)
+        follows[1:] = slots[1:] == slots[:-1] + 1
+        slot_list = slots.tolist()
+        names = columns.topic_names
+        topic_ids = columns.topic_ids[rows].tolist()
+        queue_ids = columns.queue_ids[rows].tolist()
         files = self._files
         upf_of = self._units_per_file
-        index = self.index_enabled
-        key_texts: list[str] = []
-        key_phys: list[int] = []
-        key_times: list[int] = []
-        # key -> [first, next expected, extra slots or None]
-        written: dict[QueueKey, list] = {}
-        records = 0
-        last_ts = 0
-        error = None
-        exit_countdown = self.exit_after_units
-        while pos < stop:
-            rec = decode(mm, pos, base_offset=base, check_crc=False, read_body=False)
-            if type(rec) is not Record:
-                error = f"{type(rec).__name__} at commit-log offset {base + pos}" + (
-                    f": {rec.reason}" if type(rec) is record.Invalid else ""
-                )
-                break
-            kind = rec.sysflag & record.TRANSACTION_TYPE_MASK
-            properties = rec.properties
-            if kind == record.TRANSACTION_NOT or kind == record.TRANSACTION_COMMIT:
-                topic = rec.topic
-                queue_id = rec.queue_id
-                slot = rec.queue_offset
-                key = (topic, queue_id)
-                upf = upf_of.get(key) or self._queue_units_per_file(key)
+        answer = []
+        for start, stop in zip([0] + bounds, bounds + [len(rows)]):
+            topic = names[topic_ids[start]]
+            queue_id = queue_ids[start]
+            key = (topic, queue_id)
+            upf = upf_of.get(key) or self._queue_units_per_file(key)
+            first = slot_list[start]
+            last = slot_list[stop - 1]
+            if self.exit_after_units or not (last - first == stop - start - 1 and follows[start + 1 : stop].all()):
+                answer.append(self._write_slots(topic, queue_id, upf, slot_list[start:stop], units[start:stop]))
+                continue
+            done = start
+            while done < stop:  # a contiguous run: one copy per queue file it spans
+                slot = slot_list[done]
                 file_start = slot - slot % upf
                 qmm = files.get((topic, queue_id, file_start))
                 if qmm is None:
                     qmm = self._queue_file(topic, queue_id, file_start, upf)
-                unit_pack(qmm, (slot - file_start) * UNIT_SIZE, rec.commit_log_offset, rec.total_size, tags_code(properties.get(record.PROPERTY_TAGS)))
-                if exit_countdown:
-                    exit_countdown -= 1
-                    if not exit_countdown:
-                        os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
-                state = written.get(key)
-                if state is None:
-                    written[key] = [slot, slot + 1, None]
-                elif state[1] == slot and state[2] is None:
-                    state[1] = slot + 1
-                else:
-                    if state[2] is None:
-                        state[2] = []
-                    state[2].append(slot)
-            if index and kind != record.TRANSACTION_ROLLBACK:
-                topic = rec.topic
-                uniq = properties.get(record.PROPERTY_UNIQ_KEY)
-                if uniq:
-                    key_texts.append(f"{topic}#{uniq}")
-                    key_phys.append(rec.commit_log_offset)
-                    key_times.append(rec.store_timestamp)
-                keys = properties.get(record.PROPERTY_KEYS)
-                if keys:
-                    for k in keys.split(record.KEY_SEPARATOR):
-                        if k:
-                            key_texts.append(f"{topic}#{k}")
-                            key_phys.append(rec.commit_log_offset)
-                            key_times.append(rec.store_timestamp)
-            records += 1
-            last_ts = rec.store_timestamp
-            pos += rec.total_size
-            if not records & 1023 and self.coordinator_pid and os.getppid() != self.coordinator_pid:
-                os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
-        if exit_countdown:
-            self.exit_after_units = exit_countdown
-        queues = [(k[0], k[1], s[0], s[1] - s[0], s[2]) for k, s in written.items()]
-        return BatchResult(
-            batch_id=task.batch_id,
-            begin=task.begin,
-            end=base + pos,
-            error=error,
-            records=records,
-            last_store_timestamp=last_ts,
-            queues=queues,
-            index_hashes=key_hashes(key_texts),
-            index_phys=np.asarray(key_phys, dtype=np.int64),
-            index_timestamps=np.asarray(key_times, dtype=np.int64),
-        )
+                n = min(stop - done, file_start + upf - slot)
+                pos = (slot - file_start) * UNIT_SIZE
+                qmm[pos : pos + n * UNIT_SIZE] = units[done : done + n].tobytes()
+                done += n
+            answer.append((topic, queue_id, first, stop - start, None))
+        return answer
+
+    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: np.ndarray) -> tuple:
+        """One unit at a time, for a queue whose slots in the batch are not one contiguous run."""
+        files = self._files
+        unit_pack = UNIT.pack_into
+        run_first = slots[0]
+        run_next = run_first
+        extra = None
+        for slot, unit in zip(slots, units.tolist()):
+            file_start = slot - slot % upf
+            qmm = files.get((topic, queue_id, file_start))
+            if qmm is None:
+                qmm = self._queue_file(topic, queue_id, file_start, upf)
+            unit_pack(qmm, (slot - file_start) * UNIT_SIZE, *unit)
+            if self.exit_after_units:
+                self.exit_after_units -= 1
+                if not self.exit_after_units:
+                    os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
+            if slot == run_next and extra is None:
+                run_next = slot + 1
+            else:
+                if extra is None:
+                    extra = []
+                extra.append(slot)
+        return (topic, queue_id, run_first, run_next - run_first, extra)
 
     def close_queue_files(self) -> None:
         for mm in self._files.values():
@@ -634,9 +653,9 @@ class ParallelDispatcher:
         elif self.key_index is not None:
             self.key_index.indexed_until = max(self.key_index.indexed_until, head.end)
         if self.extra_sinks and head.end > head.begin:
-            requests = _decode_requests(self.commit_log, head.begin, head.end)
+            batch = _read_batch(self.commit_log, head.begin, head.end)
             for sink in self.extra_sinks:
-                sink.dispatch(requests, changes)
+                dispatch_to(sink, batch, changes)
         end = head.end
         if head.error is None:
             end = self._blank_ends.pop(head.batch_id, head.end)
@@ -695,15 +714,9 @@ class ParallelDispatcher:
             self._builder = None
 
 
-def _decode_requests(commit_log: CommitLog, begin: int, end: int) -> list[DispatchRequest]:
+def _read_batch(commit_log: CommitLog, begin: int, end: int) -> DispatchBatch:
+    """The records of [begin, end) (one built batch) for sinks the workers do not build."""
     segment = commit_log.segment_for(begin)
-    requests = []
-    offset = begin
-    while segment is not None and offset < end:
-        rec = record.decode(segment.mm, offset - segment.start, base_offset=segment.start, check_crc=False, read_body=False)
-        if type(rec) is not record.Record:
-            break
-        requests.append(DispatchRequest.from_record(rec))
-        offset += rec.total_size
-    return requests
-
+    if segment is None:
+        return DispatchBatch(scan(b"", 0, 0, begin))
+    return DispatchBatch(scan(segment.mm, begin - segment.start, end - segment.start, segment.start))
