@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import record
 from .checkpoint import Checkpoint
@@ -96,29 +96,20 @@ class Message:
     prepared_transaction_offset: int = 0
 
 
-class PutResult:
+class PutResult(NamedTuple):
     """Where a put landed.  `msg_id` is the offset message id (store host + commit-log offset);
     `unique_key` (UNIQ_KEY) is the client-facing message id."""
 
-    __slots__ = ("commit_log_offset", "size", "queue_offset", "unique_key", "store_timestamp", "store_host")
-
-    def __init__(self, commit_log_offset, size, queue_offset, unique_key, store_timestamp, store_host) -> None:
-        self.commit_log_offset = commit_log_offset
-        self.size = size
-        self.queue_offset = queue_offset
-        self.unique_key = unique_key
-        self.store_timestamp = store_timestamp
-        self.store_host = store_host
+    commit_log_offset: int
+    size: int
+    queue_offset: int
+    unique_key: str
+    store_timestamp: int
+    store_host: tuple[str, int]
 
     @property
     def msg_id(self) -> str:
         return record.message_id(self.store_host, self.commit_log_offset)
-
-    def __repr__(self) -> str:
-        return (
-            f"PutResult(commit_log_offset={self.commit_log_offset}, size={self.size}, queue_offset={self.queue_offset}, "
-            f"unique_key={self.unique_key!r}, store_timestamp={self.store_timestamp})"
-        )
 
 
 @dataclass(slots=True)
@@ -317,7 +308,7 @@ class MessageStore:
 
     def _prepare(self, message: Message) -> tuple:
         """Validate `message` and build what does not depend on where it lands: (template, body,
-        body CRC, properties bytes, UNIQ_KEY, born timestamp).  Raises InvalidMessageError."""
+        body CRC, properties bytes, UNIQ_KEY).  Raises InvalidMessageError."""
         cfg = self.config
         topic, body, queue_id = message.topic, message.body, message.queue_id
         if (
@@ -362,8 +353,7 @@ class MessageStore:
         if template.fixed_size + len(body) + len(properties_bytes) + record.BLANK_SIZE > self.commit_log.segment_size:
             size = template.fixed_size + len(body) + len(properties_bytes)
             raise InvalidMessageError(f"a {size}-byte record does not fit a {self.commit_log.segment_size}-byte segment")
-        born_timestamp = self.clock() if message.born_timestamp is None else message.born_timestamp
-        return template, body, record.crc32(body) & 0x7FFFFFFF, properties_bytes, unique_key, born_timestamp
+        return template, body, record.crc32(body) & 0x7FFFFFFF, properties_bytes, unique_key
 
     def _property_suffix(self, tags: str | None, keys: list[str] | None) -> bytes:
         """TAGS and KEYS as property bytes (after UNIQ_KEY); cached per tag when there are no keys."""
@@ -471,7 +461,10 @@ class MessageStore:
 
     def _append_locked(self, message: Message, prepared: tuple, store_timestamp: int) -> PutResult:
         """Assign the queue offset and write the record at the log's end; the append lock is held."""
-        template, body, body_crc, properties_bytes, unique_key, born_timestamp = prepared
+        template, body, body_crc, properties_bytes, unique_key = prepared
+        born_timestamp = message.born_timestamp
+        if born_timestamp is None:
+            born_timestamp = store_timestamp  # the producer's time is unknown: the store's
         sysflag = message.sysflag
         transaction = sysflag & record.TRANSACTION_TYPE_MASK
         takes_offset = not transaction or transaction == record.TRANSACTION_COMMIT
