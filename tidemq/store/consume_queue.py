@@ -242,7 +242,9 @@ class ConsumeQueue:
         this queue); True if the frontier moved.  The files they are in must exist."""
         if end <= first:
             return False
-        self._file_for(end - 1, create=True)  # map files a worker process created
+        files = self._files
+        if not (files and files[0].start <= first and end <= files[-1].start + self.units_per_file):
+            self._file_for(end - 1, create=True)  # map files a worker process created
         with self._lock:
             frontier = self.commit_frontier
             if first > frontier:

@@ -102,6 +102,26 @@ class BatchResult:
     index_timestamps: np.ndarray
 
 
+_MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
+_I64 = struct.Struct(">q")
+
+
+def _record_after(mm, base: int, pos: int, stop: int) -> int | None:
+    """The first position at or after `pos` (and before `stop`) holding what looks like a record
+    header: a message magic code and a PHYSICALOFFSET equal to its own commit-log offset.  A
+    candidate, not a proof: bytes inside a body could pass; the walk over the batch before it
+    confirms the boundary."""
+    find = mm.find
+    while True:
+        at = find(_MAGIC_PREFIX, pos + 4, stop)
+        if at < 0:
+            return None
+        start = at - 4
+        if start + 36 <= stop and mm[at + 3] in (0xA7, 0xAB) and _I64.unpack_from(mm, start + 28)[0] == base + start:
+            return start
+        pos = start + 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Building a batch (worker side; also used inline by the coordinator)
 
@@ -171,11 +191,15 @@ class BatchBuilder:
         base = task.segment_start
         columns = scan(mm, task.begin - base, task.end - base, base)
         error = None
-        if columns.end < task.end:
-            rec = record.decode(mm, columns.end - base, base_offset=base, check_crc=False, read_body=False)
-            error = f"{type(rec).__name__} at commit-log offset {columns.end}" + (
-                f": {rec.reason}" if type(rec) is record.Invalid else ""
-            )
+        end = columns.end
+        if end < task.end:
+            rec = record.decode(mm, end - base, base_offset=base, check_crc=False, read_body=False)
+            if type(rec) is record.EndOfSegment:
+                end = base + task.segment_size  # the blank closes the segment: the batch takes it
+            elif type(rec) is not record.Record:  # (a Record runs past the end: a short batch)
+                error = f"{type(rec).__name__} at commit-log offset {end}" + (
+                    f": {rec.reason}" if type(rec) is record.Invalid else ""
+                )
         if self.coordinator_pid and os.getppid() != self.coordinator_pid:
             os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
         queues = self._write_units(columns) if len(columns) else []
@@ -186,7 +210,7 @@ class BatchBuilder:
         return BatchResult(
             batch_id=task.batch_id,
             begin=task.begin,
-            end=columns.end,
+            end=end,
             error=error,
             records=len(columns),
             last_store_timestamp=int(columns.store_timestamps[-1]) if len(columns) else 0,
@@ -214,38 +238,51 @@ class BatchBuilder:
         units["offset"] = columns.offsets[rows]
         units["size"] = columns.sizes[rows]
         units["tags_code"] = columns.tags_codes[rows]
-        # a run continues where the previous unit's slot + 1 is the next one's, within one group
-        follows = np.zeros(len(rows), dtype=bool)
-        follows[1:] = slots[1:] == slots[:-1] + 1
-        slot_list = slots.tolist()
+        starts = np.array([0] + bounds, dtype=np.int64)
+        stops = np.array(bounds + [len(rows)], dtype=np.int64)
+        # a group is one contiguous run when no slot inside it breaks the +1 sequence
+        breaks = np.zeros(len(rows), dtype=np.int64)
+        breaks[1:] = np.cumsum(slots[1:] != slots[:-1] + 1)
+        contiguous = (breaks[stops - 1] == breaks[starts]).tolist()
+        unit_bytes = memoryview(units.tobytes())
+        first_slots = slots[starts].tolist()
         names = columns.topic_names
-        topic_ids = columns.topic_ids[rows].tolist()
-        queue_ids = columns.queue_ids[rows].tolist()
+        group_topics = columns.topic_ids[rows[starts]].tolist()
+        group_queues = columns.queue_ids[rows[starts]].tolist()
         files = self._files
         upf_of = self._units_per_file
+        crash_test = self.exit_after_units
         answer = []
-        for start, stop in zip([0] + bounds, bounds + [len(rows)]):
-            topic = names[topic_ids[start]]
-            queue_id = queue_ids[start]
+        for start, stop, first, whole, tid, queue_id in zip(
+            starts.tolist(), stops.tolist(), first_slots, contiguous, group_topics, group_queues
+        ):
+            topic = names[tid]
             key = (topic, queue_id)
             upf = upf_of.get(key) or self._queue_units_per_file(key)
-            first = slot_list[start]
-            last = slot_list[stop - 1]
-            if self.exit_after_units or not (last - first == stop - start - 1 and follows[start + 1 : stop].all()):
-                answer.append(self._write_slots(topic, queue_id, upf, slot_list[start:stop], units[start:stop]))
+            if crash_test or not whole:
+                answer.append(self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop]))
                 continue
-            done = start
-            while done < stop:  # a contiguous run: one copy per queue file it spans
-                slot = slot_list[done]
-                file_start = slot - slot % upf
+            count = stop - start
+            file_start = first - first % upf
+            if first + count <= file_start + upf:  # the run lies in one file
                 qmm = files.get((topic, queue_id, file_start))
                 if qmm is None:
                     qmm = self._queue_file(topic, queue_id, file_start, upf)
-                n = min(stop - done, file_start + upf - slot)
-                pos = (slot - file_start) * UNIT_SIZE
-                qmm[pos : pos + n * UNIT_SIZE] = units[done : done + n].tobytes()
-                done += n
-            answer.append((topic, queue_id, first, stop - start, None))
+                pos = (first - file_start) * UNIT_SIZE
+                qmm[pos : pos + count * UNIT_SIZE] = unit_bytes[start * UNIT_SIZE : stop * UNIT_SIZE]
+            else:
+                done = start
+                while done < stop:  # one copy per queue file the run spans
+                    slot = first + done - start
+                    file_start = slot - slot % upf
+                    qmm = files.get((topic, queue_id, file_start))
+                    if qmm is None:
+                        qmm = self._queue_file(topic, queue_id, file_start, upf)
+                    n = min(stop - done, file_start + upf - slot)
+                    pos = (slot - file_start) * UNIT_SIZE
+                    qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
+                    done += n
+            answer.append((topic, queue_id, first, count, None))
         return answer
 
     def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: np.ndarray) -> tuple:
@@ -427,9 +464,8 @@ class ParallelDispatcher:
         self._head_id = 0
         self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
         self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
-        self._deferred: dict[int, list] = {}  # batch id -> queue entries of queues not yet started
-        self._answers: dict[int, BatchResult] = {}  # committed out of order, waiting to be the head
-        self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for a segment's last batch
+        self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
+        self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
         self._workers: list[_Worker] = []
         self._builder: BatchBuilder | None = None
@@ -467,7 +503,10 @@ class ParallelDispatcher:
     # -- cutting batches ---------------------------------------------------------------------------
 
     def _cut(self, limit: int, size: int) -> BatchTask | None:
-        """The next record-aligned batch from `_cut_offset`, or None if nothing is readable."""
+        """The next batch from `_cut_offset` (a record boundary), or None if no whole record is
+        readable there.  Its end is the first record boundary at or after `size` bytes, found by
+        looking for a record header that names its own position (magic code, PHYSICALOFFSET),
+        not by walking every record: the worker's walk confirms it (`_advance`)."""
         offset = self._cut_offset
         if offset < limit and offset < self.commit_log.min_offset:
             offset = self._cut_offset = self.commit_log.min_offset
@@ -481,31 +520,26 @@ class ParallelDispatcher:
         seg_end = segment.end
         pos = offset - base
         hard_stop = min(limit, seg_end) - base
-        soft_stop = offset + size - base
-        unpack = _SIZE_MAGIC.unpack_from
-        magics = _MESSAGE_MAGICS
-        end_of_segment = False
-        while pos < hard_stop:
-            if pos + 8 > segment.size:
-                break
-            total, magic = unpack(mm, pos)
-            if magic == record.BLANK_MAGIC_CODE:
-                end_of_segment = pos + total == segment.size
-                break
-            if magic not in magics or total < MIN_RECORD_SIZE or pos + total > hard_stop:
-                break  # not written yet, or damage the worker will report; never skip past it
-            if pos + total > soft_stop and pos > offset - base:
-                break
-            pos += total
-        end = base + pos
-        if end == offset and not end_of_segment:
+        if pos >= hard_stop or pos + 8 > segment.size:
             return None
-        task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, end)
-        self._next_id += 1
-        self._cut_offset = seg_end if end_of_segment else end
-        if end_of_segment:
-            # the blank belongs to this batch: the dispatched offset moves past it with the batch
+        total, magic = _SIZE_MAGIC.unpack_from(mm, pos)
+        if magic == record.BLANK_MAGIC_CODE and pos + total == segment.size:
+            # the blank closes the segment: an empty batch moves the dispatched offset past it
+            task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, offset)
+            self._next_id += 1
             self._blank_ends[task.batch_id] = seg_end
+            self._cut_offset = seg_end
+            return task
+        if magic not in _MESSAGE_MAGICS or total < MIN_RECORD_SIZE or pos + total > hard_stop:
+            return None  # not written yet, or damage the sequential walk reports; never skip past it
+        end = hard_stop
+        if pos + size < hard_stop - (size >> 2):  # else take the rest rather than leave a sliver
+            boundary = _record_after(mm, base, max(pos + size, pos + total), hard_stop)
+            if boundary is not None:
+                end = boundary
+        task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, base + end)
+        self._next_id += 1
+        self._cut_offset = base + end
         return task
 
     def _fill(self, limit: int) -> None:
@@ -526,7 +560,7 @@ class ParallelDispatcher:
                 self._submit(task)
 
     def _empty_result(self, task: BatchTask) -> BatchResult:
-        return BatchResult(task.batch_id, task.begin, task.end, None, 0, 0, [], np.zeros(0, np.int32),
+        return BatchResult(task.batch_id, task.begin, self._blank_ends.pop(task.batch_id, task.end), None, 0, 0, [], np.zeros(0, np.int32),
                            np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def _build_inline(self, task: BatchTask) -> BatchResult:
@@ -605,60 +639,43 @@ class ParallelDispatcher:
     # -- completing batches ----------------------------------------------------------------------------
 
     def _complete(self, result: BatchResult, changes: dict[QueueKey, int]) -> int:
-        """Commit a batch's slots (any order); then process every batch now at the head."""
+        """Keep a batch's answer (they come in any order); then process every batch now at the
+        head, in order."""
         if result.batch_id not in self._tasks:
             return 0  # from a generation that was discarded
-        queues = self.queues.queues
-        deferred = []
-        for entry in result.queues:
-            key = (entry[0], entry[1])
-            cq = queues.get(key)
-            if cq is None or cq.is_empty:
-                deferred.append(entry)
-            elif self._commit(cq, entry):
-                changes[key] = cq.commit_frontier
-        self._deferred[result.batch_id] = deferred
         self._answers[result.batch_id] = result
         total = 0
         while self._head_id in self._answers:
             total += self._advance(self._answers.pop(self._head_id), changes)
         return total
 
-    @staticmethod
-    def _commit(cq: ConsumeQueue, entry) -> bool:
-        _, _, first, count, extra = entry
-        moved = cq.commit_range(first, first + count)
-        for slot in extra or ():
-            moved = cq.commit_range(slot, slot + 1) or moved
-        return moved
-
     def _advance(self, head: BatchResult, changes: dict[QueueKey, int]) -> int:
-        """`head` is the oldest outstanding batch: start its new queues, append its index entries,
-        move the dispatched offset."""
+        """`head` is the oldest outstanding batch: commit its slots (every earlier batch is
+        committed, so each queue's run starts at its frontier, or starts the queue), append its
+        index entries, move the dispatched offset."""
         task = self._tasks.pop(head.batch_id)
         self._head_id += 1
         queues = self.queues
-        for entry in self._deferred.pop(head.batch_id, ()):
-            key = (entry[0], entry[1])
-            cq = queues.queues.get(key)
-            if cq is None:
-                cq = ConsumeQueue(queues.root, key[0], key[1], queues.units_per_file, load=False)
-                queues.queues[key] = cq
-            if cq.is_empty:
-                cq.adopt_files(entry[2])
-            if self._commit(cq, entry):
+        table = queues.queues
+        for entry in head.queues:
+            topic, queue_id, first, count, extra = entry
+            key = (topic, queue_id)
+            cq = table.get(key)
+            if cq is None or not cq._files:
+                if cq is None:
+                    cq = table[key] = ConsumeQueue(queues.root, topic, queue_id, queues.units_per_file, load=False)
+                cq.adopt_files(first)
+            if cq.commit_range(first, first + count) | (extra is not None and self._commit_extra(cq, extra)):
                 changes[key] = cq.commit_frontier
+        end = head.end
         if self.key_index is not None and len(head.index_hashes):
-            self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, head.end)
+            self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
         elif self.key_index is not None:
-            self.key_index.indexed_until = max(self.key_index.indexed_until, head.end)
-        if self.extra_sinks and head.end > head.begin:
-            batch = _read_batch(self.commit_log, head.begin, head.end)
+            self.key_index.indexed_until = max(self.key_index.indexed_until, end)
+        if self.extra_sinks and end > head.begin:
+            batch = _read_batch(self.commit_log, head.begin, end)
             for sink in self.extra_sinks:
                 dispatch_to(sink, batch, changes)
-        end = head.end
-        if head.error is None:
-            end = self._blank_ends.pop(head.batch_id, head.end)
         if head.records:
             self.stats.records += head.records
             self.stats.last_store_timestamp = head.last_store_timestamp
@@ -670,16 +687,26 @@ class ParallelDispatcher:
         for progress in self.progress.values():
             progress.offset = end
         if head.error is not None:
-            self._discard_after(head, end)
+            log.error("dispatch stopped at commit-log offset %d: %s", end, head.error)
+            self._discard_after(end)
+        elif end != task.end:
+            # the walk did not land on the batch's end: the rest of the log is not readable yet,
+            # or the cut took bytes inside a record for a header; cut again from where it stopped
+            self._discard_after(end)
         return head.records
 
-    def _discard_after(self, head: BatchResult, end: int) -> None:
-        """A worker stopped early (a record it could not decode): forget every later batch and cut
-        again from there; dispatch stalls at a damaged record as the sequential dispatcher does."""
-        log.error("dispatch stopped at commit-log offset %d: %s", end, head.error)
+    @staticmethod
+    def _commit_extra(cq: ConsumeQueue, extra: list[int]) -> bool:
+        moved = False
+        for slot in extra:
+            moved = cq.commit_range(slot, slot + 1) or moved
+        return moved
+
+    def _discard_after(self, end: int) -> None:
+        """Forget every later batch (written, but never committed) and cut again from `end`;
+        dispatch stalls at a damaged record as the sequential dispatcher does."""
         for batch_id in list(self._tasks):
             self._tasks.pop(batch_id)
-            self._deferred.pop(batch_id, None)
             self._blank_ends.pop(batch_id, None)
         self._answers.clear()
         self._done.clear()
