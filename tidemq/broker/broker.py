@@ -53,6 +53,7 @@ class Broker:
         self._scan_incomplete = False  # set by a pop that stopped at _SCAN_LIMIT with entries left
         self._valid_groups: set[str] = set()  # names that passed validation (hot path: every ack)
         self._valid_topics: set[str] = set()
+        self._filters: dict[tuple[str, str], TagFilter] = {}  # parsed filter expressions
         self.stats = dict.fromkeys(("sent", "delivered", "redelivered", "acked", "dead_lettered", "auto_renewals"), 0)
         self.publisher = Publisher(store, self.config, self.topic, self.stats)
 
@@ -161,7 +162,7 @@ class Broker:
 
     def heartbeat(self, client_id: str, client_type: str, group: str) -> None:
         if group:
-            validation.check_group_name(group, self.config)
+            self._check_group(group)
             self.group(group)
         session = self.sessions.touch(client_id, self.clock())
         if client_type:
@@ -206,11 +207,14 @@ class Broker:
     # -- receive --------------------------------------------------------------------------------
 
     def check_receive(self, req: ReceiveRequest) -> tuple[TopicConfig, GroupConfig, TagFilter]:
-        validation.check_group_name(req.group, self.config)
-        validation.check_topic_name(req.topic, self.config)
+        self._check_names(req.group, req.topic)
         if not req.auto_renew:
             validation.check_invisible_time(req.invisible_ms, self.config)
-        tag_filter = parse_filter(req.filter_type, req.filter_expression)
+        tag_filter = self._filters.get((req.filter_type, req.filter_expression))
+        if tag_filter is None:
+            tag_filter = parse_filter(req.filter_type, req.filter_expression)
+            if len(self._filters) < 10_000:
+                self._filters[(req.filter_type, req.filter_expression)] = tag_filter
         if req.poll_ms < 0:
             raise BrokerError(Code.ILLEGAL_POLLING_TIME, f"long polling timeout {req.poll_ms} ms is negative")
         if req.batch_size <= 0:
@@ -356,11 +360,14 @@ class Broker:
 
     # -- ack, change invisible time, dead letters --------------------------------------------------
 
-    def _check_names(self, group: str, topic: str) -> None:
+    def _check_group(self, group: str) -> None:
         if group not in self._valid_groups:
             validation.check_group_name(group, self.config)
             if len(self._valid_groups) < 100_000:
                 self._valid_groups.add(group)
+
+    def _check_names(self, group: str, topic: str) -> None:
+        self._check_group(group)
         if topic not in self._valid_topics:
             validation.check_topic_name(topic, self.config)
             if len(self._valid_topics) < 100_000:

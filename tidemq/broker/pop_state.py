@@ -54,22 +54,25 @@ def parse_handle(handle: str) -> tuple[int, int, int] | None:
     if len(parts) != 3:
         return None
     try:
-        qid, offset, generation = (int(p) for p in parts)
+        return int(parts[0]), int(parts[1]), int(parts[2])
     except ValueError:
         return None
-    return qid, offset, generation
+
+
+_COMPACT_MIN = 4096  # due-heap entries below which stale ones are never dropped
 
 
 class Subscription:
     """Pop progress of one consumer group on one topic."""
 
-    __slots__ = ("group", "topic", "queues", "_due")
+    __slots__ = ("group", "topic", "queues", "_due", "_compact_at")
 
     def __init__(self, group: str, topic: str) -> None:
         self.group = group
         self.topic = topic
         self.queues: dict[int, QueueProgress] = {}
         self._due: list[tuple[int, int, int, int]] = []  # (invisible_until, qid, offset, generation), lazily stale
+        self._compact_at = _COMPACT_MIN  # heap length at which stale entries are next counted
 
     def queue(self, qid: int, start: int) -> QueueProgress:
         q = self.queues.get(qid)
@@ -89,11 +92,16 @@ class Subscription:
         self._compact_due()
 
     def _compact_due(self) -> None:
-        """Drop stale heap entries once they outnumber the live ones (renewals leave many)."""
-        if len(self._due) > 4096 and len(self._due) > 4 * self.in_flight_count():
+        """Drop stale heap entries once they outnumber the live ones four to one (renewals leave
+        many).  Counting the live ones walks every queue, so it is done each time the heap has
+        doubled since the last count, not on every push."""
+        if len(self._due) < self._compact_at:
+            return
+        if len(self._due) > 4 * self.in_flight_count():
             self._due = [(d.invisible_until, d.queue_id, d.queue_offset, d.generation)
                          for q in self.queues.values() for d in q.in_flight.values()]
             heapq.heapify(self._due)
+        self._compact_at = max(_COMPACT_MIN, 2 * len(self._due))
 
     def advance(self, qid: int, cursor: int) -> None:
         """Entries below `cursor` that were not delivered are done (filtered out or skipped)."""

@@ -32,15 +32,27 @@ class Publisher:
         self._put_inline = store.config.flush != FLUSH_SYNC
         self._round_robin: dict[str, int] = {}  # next write queue per topic
         self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
+        self._valid_topics: set[str] = set()  # names and tags that passed validation (hot path: every send)
+        self._valid_tags: set[str | None] = {None}
 
     def check(self, msg: Publish) -> TopicConfig:
         cfg = self.config
-        validation.check_publish_topic(msg.topic, cfg)
-        validation.check_tag(msg.tag)
-        validation.check_keys(msg.keys)
-        validation.check_message_group(msg.message_group, cfg)
-        validation.check_lite_topic(msg.lite_topic)
-        validation.check_properties(msg.properties, msg.tag, msg.keys, cfg)
+        if msg.topic not in self._valid_topics:
+            validation.check_publish_topic(msg.topic, cfg)
+            _remember(self._valid_topics, msg.topic)
+        if msg.tag not in self._valid_tags:
+            validation.check_tag(msg.tag)
+            _remember(self._valid_tags, msg.tag)
+        if msg.keys:
+            validation.check_keys(msg.keys)
+        if msg.message_group is not None:
+            validation.check_message_group(msg.message_group, cfg)
+        if msg.lite_topic is not None:
+            validation.check_lite_topic(msg.lite_topic)
+        # without properties or keys only a tag of more than a quarter of the limit in characters
+        # (4 UTF-8 bytes at most each) can exceed it
+        if msg.properties or msg.keys or (msg.tag and len(msg.tag) * 4 > cfg.max_user_property_bytes):
+            validation.check_properties(msg.properties, msg.tag, msg.keys, cfg)
         validation.check_body(msg.body, cfg)
         if not msg.message_id or not msg.message_id.strip():
             raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id is blank")
@@ -131,6 +143,11 @@ class Publisher:
         except StoreError as exc:
             log.error("store refused a message: %s", exc)
             raise BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}") from None
+
+
+def _remember(valid: set, value, limit: int = 10_000) -> None:
+    if len(valid) < limit:
+        valid.add(value)
 
 
 def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:

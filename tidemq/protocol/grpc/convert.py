@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
+from functools import lru_cache
+from hashlib import md5
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -87,43 +88,66 @@ def message_queues(topic: TopicConfig, resource: pb.Resource, broker_name: str, 
 
 def publish_from(message: pb.Message) -> Publish:
     sp = message.system_properties
-    if message.system_properties.message_type in MESSAGE_TYPE_NAMES:
-        message_type = MESSAGE_TYPE_NAMES[sp.message_type]
-    elif sp.message_group:
-        message_type = "FIFO"
-    elif sp.HasField("delivery_timestamp"):
-        message_type = "DELAY"
-    else:
-        message_type = "NORMAL"
-    if sp.body_encoding not in (pb.IDENTITY, pb.GZIP, pb.ENCODING_UNSPECIFIED):
-        raise BrokerError(Code.BAD_REQUEST, f"unknown body encoding {sp.body_encoding}")
+    message_type = MESSAGE_TYPE_NAMES.get(sp.message_type)
+    has = sp.HasField
+    if message_type is None:
+        if sp.message_group:
+            message_type = "FIFO"
+        elif has("delivery_timestamp"):
+            message_type = "DELAY"
+        else:
+            message_type = "NORMAL"
+    encoding = sp.body_encoding
+    if encoding not in _BODY_ENCODINGS:
+        raise BrokerError(Code.BAD_REQUEST, f"unknown body encoding {encoding}")
     return Publish(
         topic=resource_name(message.topic),
         body=message.body,
         message_id=sp.message_id,
         message_type=message_type,
-        tag=sp.tag if sp.HasField("tag") else None,
-        keys=list(sp.keys),
-        properties=dict(message.user_properties),
-        born_timestamp=sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else None,
+        tag=sp.tag if has("tag") else None,
+        keys=list(sp.keys) if sp.keys else [],
+        properties=dict(message.user_properties) if message.user_properties else {},
+        born_timestamp=_ms(sp.born_timestamp) if has("born_timestamp") else None,
         born_host=sp.born_host,
-        compressed=sp.body_encoding == pb.GZIP,
-        message_group=sp.message_group if sp.HasField("message_group") else None,
-        delivery_timestamp=sp.delivery_timestamp.ToMilliseconds() if sp.HasField("delivery_timestamp") else None,
-        priority=sp.priority if sp.HasField("priority") else None,
-        lite_topic=sp.lite_topic if sp.HasField("lite_topic") else None,
+        compressed=encoding == pb.GZIP,
+        message_group=sp.message_group if has("message_group") else None,
+        delivery_timestamp=_ms(sp.delivery_timestamp) if has("delivery_timestamp") else None,
+        priority=sp.priority if has("priority") else None,
+        lite_topic=sp.lite_topic if has("lite_topic") else None,
     )
 
 
+_BODY_ENCODINGS = frozenset({pb.IDENTITY, pb.GZIP, pb.ENCODING_UNSPECIFIED})
+
+
+def _ms(timestamp) -> int:
+    """Milliseconds of a Timestamp (ToMilliseconds without its Python overhead)."""
+    return timestamp.seconds * 1000 + timestamp.nanos // 1_000_000
+
+
 def delivered_message(rec: record.Record, namespace: str, handle: str, attempt: int, invisible_ms: int) -> pb.Message:
+    m = pb.Message()
+    fill_delivered_message(m, rec, namespace, handle, attempt, invisible_ms)
+    return m
+
+
+def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, handle: str, attempt: int,
+                           invisible_ms: int) -> None:
+    """Write a delivered record into the empty message `m` (in place: the caller passes the
+    message field of the stream response, so nothing is copied)."""
     body = rec.body if isinstance(rec.body, bytes) else bytes(rec.body)
     properties = rec.properties
-    m = pb.Message(body=body)
-    m.topic.name = plain_name(rec.topic, namespace)
-    m.topic.resource_namespace = namespace
-    for name, value in properties.items():
-        if name not in RESERVED_PROPERTIES:
-            m.user_properties[name] = value
+    m.body = body
+    topic = m.topic
+    topic.name = plain_name(rec.topic, namespace) if namespace else rec.topic
+    if namespace:
+        topic.resource_namespace = namespace
+    if not _DELIVERY_PROPERTIES.issuperset(properties):
+        user_properties = m.user_properties
+        for name, value in properties.items():
+            if name not in RESERVED_PROPERTIES:
+                user_properties[name] = value
     sp = m.system_properties
     tag = properties.get(record.PROPERTY_TAGS)
     if tag:
@@ -132,20 +156,29 @@ def delivered_message(rec: record.Record, namespace: str, handle: str, attempt: 
     if keys:
         sp.keys.extend(k for k in keys.split(record.KEY_SEPARATOR) if k)
     sp.message_id = properties.get(record.PROPERTY_UNIQ_KEY) or rec.msg_id
-    sp.body_digest.type = pb.MD5
-    sp.body_digest.checksum = hashlib.md5(body).hexdigest().upper()
+    digest = sp.body_digest
+    digest.type = pb.MD5
+    digest.checksum = md5(body).hexdigest().upper()
     sp.body_encoding = pb.GZIP if rec.sysflag & record.FLAG_COMPRESSED else pb.IDENTITY
     sp.message_type = pb.NORMAL
     _set_ms(sp.born_timestamp, rec.born_timestamp)
     sp.born_host = rec.born_host[0]
     _set_ms(sp.store_timestamp, rec.store_timestamp)
-    sp.store_host = f"{rec.store_host[0]}:{rec.store_host[1]}"
+    sp.store_host = _host_port(rec.store_host)
     sp.receipt_handle = handle
     sp.queue_id = rec.queue_id
     sp.queue_offset = rec.queue_offset
     _set_ms(sp.invisible_duration, max(0, invisible_ms))
     sp.delivery_attempt = attempt
-    return m
+
+
+# Reserved properties most records carry: a record with no others has no user property to copy.
+_DELIVERY_PROPERTIES = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY}) & RESERVED_PROPERTIES
+
+
+@lru_cache(maxsize=64)
+def _host_port(host: tuple[str, int]) -> str:
+    return f"{host[0]}:{host[1]}"
 
 
 def _set_ms(timestamp_or_duration, ms: int) -> None:

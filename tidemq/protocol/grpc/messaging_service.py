@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 CLIENT_ID_HEADER = "x-mq-client-id"
 POLL_MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
+_RECEIVE_OK = svc.ReceiveMessageResponse(status=convert.OK)  # first response of a receive that found messages
 
 
 def _client_id(context: grpc.aio.ServicerContext) -> str:
@@ -97,18 +98,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 publishes.append(exc)
         stored = iter(await self.broker.send_batch([p for p in publishes if not isinstance(p, BrokerError)],
                                                    _peer_host(context)))
-        entries = []
+        response = svc.SendMessageResponse()
+        entries = response.entries
+        failed = 0
         for message, publish in zip(request.messages, publishes):
             result = publish if isinstance(publish, BrokerError) else next(stored)
             if isinstance(result, BrokerError):
-                entries.append(svc.SendResultEntry(status=convert.status(result.code, result.message),
-                                                   message_id=message.system_properties.message_id))
+                entry = entries.add(message_id=message.system_properties.message_id)
+                entry.status.CopyFrom(convert.status(result.code, result.message))
+                failed += 1
             else:
-                entries.append(svc.SendResultEntry(status=convert.OK, message_id=result.message_id,
-                                                   offset=result.queue_offset))
-        codes = {e.status.code for e in entries}
-        top = entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS)
-        return svc.SendMessageResponse(status=top, entries=entries)
+                entry = entries.add(message_id=result.message_id, offset=result.queue_offset)
+                entry.status.CopyFrom(convert.OK)
+        if not failed:
+            response.status.CopyFrom(convert.OK)
+        else:
+            codes = {e.status.code for e in entries}
+            response.status.CopyFrom(entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS))
+        return response
 
     @unary(svc.QueryAssignmentResponse)
     async def QueryAssignment(self, request, context):
@@ -158,11 +165,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if not received:
                 yield svc.ReceiveMessageResponse(status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message"))
             else:
-                yield svc.ReceiveMessageResponse(status=convert.OK)
+                yield _RECEIVE_OK
+                fill = convert.fill_delivered_message
                 for r in received:
-                    message = convert.delivered_message(r.record, namespace, r.receipt_handle, r.delivery_attempt,
-                                                        r.invisible_until - now)
-                    yield svc.ReceiveMessageResponse(message=message)
+                    response = svc.ReceiveMessageResponse()
+                    fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt,
+                         r.invisible_until - now)
+                    yield response
                     written += 1
             done = svc.ReceiveMessageResponse()
             done.delivery_timestamp.FromMilliseconds(self.broker.clock())
@@ -177,14 +186,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
         failures = self.broker.ack_many(convert.resource_name(request.group), convert.resource_name(request.topic),
                                         [entry.receipt_handle for entry in request.entries])
-        entries = []
+        response = svc.AckMessageResponse()
+        entries = response.entries
         for entry, failure in zip(request.entries, failures):
-            result_status = convert.OK if failure is None else convert.status(failure.code, failure.message)
-            entries.append(svc.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
-                                                     status=result_status))
-        codes = {e.status.code for e in entries}
-        top = entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS)
-        return svc.AckMessageResponse(status=top, entries=entries)
+            result = entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle)
+            result.status.CopyFrom(convert.OK if failure is None else convert.status(failure.code, failure.message))
+        if not any(failures):
+            response.status.CopyFrom(convert.OK)
+        else:
+            codes = {e.status.code for e in entries}
+            response.status.CopyFrom(entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS))
+        return response
 
     async def ChangeInvisibleDuration(self, request, context):
         handle = request.receipt_handle
