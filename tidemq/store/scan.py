@@ -16,9 +16,10 @@ for every record as NumPy columns:
     properties_starts / properties_ends: where each record's properties lie in the buffer,
                       decoded lazily (`properties`, `unique_key`, `keys`, `index_keys`)
 
-Only the walk along the chain (one 4-byte read per record), the topic and the TAGS value
-(`find` on the buffer, then cached decodes and Java hashes) are per-record Python work; the
-fixed fields and every layout check are gathered with NumPy from the record positions.
+Only the walk along the chain (one 4-byte read per record) and the topic (a slice and a cached
+decode) are per-record Python work; the fixed fields and every layout check are gathered with
+NumPy from the record positions, and the TAGS codes and key-index hashes are computed in bulk
+from the property bytes (`property_columns`).
 
 The scan stops at the first position that does not hold a whole valid record ending at or
 before `stop` (a blank, zeros, a torn or corrupt record, or a record running past `stop`):
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .index_file import INT_MAX
+from .property_columns import index_entries, tags_codes
 from .record import (
     KEY_SEPARATOR,
     MESSAGE_MAGIC_CODE,
@@ -44,7 +45,6 @@ from .record import (
     TRANSACTION_ROLLBACK,
     TRANSACTION_TYPE_MASK,
     decode_properties,
-    java_string_hash,
 )
 
 MIN_RECORD_SIZE = 91  # v1, IPv4 hosts, empty body, topic and properties
@@ -52,8 +52,6 @@ HEADER_SIZE_V4 = 88  # TOTALSIZE .. BODYLEN with IPv4 hosts; each IPv6 host adds
 
 _I32 = struct.Struct(">i")
 
-_TAGS_AT_START = b"TAGS\x01"
-_TAGS_INSIDE = b"\x02TAGS\x01"
 _SEPARATOR = b"\x02"
 
 
@@ -100,7 +98,17 @@ class RecordColumns:
         """The key index's entries for these rows, in order: (abs Java hash of "topic#key" as
         IndexFile keeps it, commit-log offset, store timestamp) for the UNIQ_KEY and then each
         KEYS entry of every record that is not a ROLLBACK."""
-        return index_entries(self)
+        if not len(self):
+            return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
+        b = np.frombuffer(self.buffer, dtype=np.uint8)
+        try:
+            return index_entries(
+                self.buffer, b, self.properties_starts, self.properties_ends, indexed,
+                self.topic_ids, self.topic_names, self.offsets, self.store_timestamps,
+            )
+        finally:
+            del b  # release the buffer export: the mapping may be closed
 
 
 def _empty(buf, base_offset: int, end: int) -> RecordColumns:
@@ -140,7 +148,6 @@ def _walk(buf, pos: int, stop: int, soft_stop: int) -> list[int]:
 
 # bytes -> (topic, id), bytes -> tags code: shared by every scan of the process
 _topics: dict[bytes, str] = {}
-_tags_codes: dict[bytes, int] = {}
 
 
 def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None) -> RecordColumns:
@@ -190,17 +197,13 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         store_timestamps = i8[pos + (56 - lo) + 12 * born_v6[:count]].astype(np.int64)
     finally:
         del i8, i4, i2, u1  # release the buffer exports: the caller may close the mapping
-    # per-record work: the topic and the TAGS value
+    # per-record work: the topic
     topics: list[str] = []
     topic_ids: list[int] = []
-    codes: list[int] = []
     names: dict[str, int] = {}
     topic_cache = _topics
-    tags_cache = _tags_codes
-    for i, (t0, p0, p1) in enumerate(
-        zip(topic_at[:count].tolist(), properties_at[:count].tolist(), ends[:count].tolist())
-    ):
-        raw = buf[t0 : p0 - 2]
+    for i, (t0, t1) in enumerate(zip(topic_at[:count].tolist(), (properties_at[:count] - 2).tolist())):
+        raw = buf[t0:t1]
         topic = topic_cache.get(raw)
         if topic is None:
             try:
@@ -216,26 +219,11 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         if tid is None:
             tid = names[topic] = len(names)
         topic_ids.append(tid)
-        # the last TAGS property wins, as in a dict: a "\x02TAGS\x01" inside, else one at the start
-        props = buf[p0:p1]
-        at = props.rfind(_TAGS_INSIDE)
-        if at >= 0:
-            at += 6
-        elif props[:5] == _TAGS_AT_START:
-            at = 5
-        else:
-            codes.append(0)
-            continue
-        value_end = props.find(_SEPARATOR, at)
-        value = props[at:value_end] if value_end >= 0 else props[at:]
-        code = tags_cache.get(value)
-        if code is None:
-            text = value.decode("utf-8", "replace")
-            code = java_string_hash(text) if text else 0
-            if len(tags_cache) > 65536:
-                tags_cache.clear()
-            tags_cache[value] = code
-        codes.append(code)
+    b = np.frombuffer(buf, dtype=np.uint8)
+    try:
+        codes = tags_codes(buf, b, properties_at[:count], ends[:count])
+    finally:
+        del b
     pos = pos[:count]
     return RecordColumns(
         buffer=buf,
@@ -248,7 +236,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         queue_offsets=queue_offsets[:count],
         sysflags=sysflags[:count].astype(np.int32),
         store_timestamps=store_timestamps[:count],
-        tags_codes=np.array(codes, dtype=np.int64),
+        tags_codes=codes,
         topics=topics,
         topic_ids=np.array(topic_ids, dtype=np.int32),
         topic_names=list(names),
@@ -261,123 +249,13 @@ def property_value(buf, start: int, end: int, name: str) -> str | None:
     """The value of property `name` in `buf[start:end]` as `record.decode_properties` would give
     it (the last segment of that name; undecodable bytes replaced), or None."""
     key = name.encode("utf-8")
-    first, last = _value_range(buf, start, end, b"\x02" + key + b"\x01", key + b"\x01")
-    if first < 0:
-        return None
-    return bytes(buf[first:last]).decode("utf-8", "replace")
-
-
-_UNIQ_INSIDE = b"\x02" + PROPERTY_UNIQ_KEY.encode() + b"\x01"
-_UNIQ_AT_START = PROPERTY_UNIQ_KEY.encode() + b"\x01"
-_KEYS_INSIDE = b"\x02" + PROPERTY_KEYS.encode() + b"\x01"
-_KEYS_AT_START = PROPERTY_KEYS.encode() + b"\x01"
-
-
-def _value_range(buf, start: int, end: int, inside: bytes, at_start: bytes) -> tuple[int, int]:
-    """(first, end) of the last property value named by the patterns, or (-1, -1)."""
-    at = buf.rfind(inside, start - 1, end) if start > 0 else buf.rfind(inside, start, end)
+    inside = b"\x02" + key + b"\x01"
+    at = buf.rfind(inside, start - 1, end)  # start >= 91: a match at start - 1 begins a segment at start
     if at >= 0:
         at += len(inside)
-    elif buf.find(at_start, start, min(start + len(at_start), end)) == start:
-        at = start + len(at_start)
+    elif buf.find(key + b"\x01", start, min(start + len(key) + 1, end)) == start:
+        at = start + len(key) + 1
     else:
-        return -1, -1
+        return None
     value_end = buf.find(_SEPARATOR, at, end)
-    return at, end if value_end < 0 else value_end
-
-
-_POWERS = np.ones(1, dtype=np.uint32)
-
-
-def _powers_of_31(n: int) -> np.ndarray:
-    """31**i mod 2**32 for i < n (uint32)."""
-    global _POWERS
-    if len(_POWERS) < n:
-        size = max(n, 2 * len(_POWERS), 64)
-        powers = np.ones(size, dtype=np.uint64)
-        for i in range(1, size):
-            powers[i] = (int(powers[i - 1]) * 31) & 0xFFFFFFFF
-        _POWERS = powers.astype(np.uint32)
-    return _POWERS
-
-
-def index_entries(columns: RecordColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """See `RecordColumns.index_keys`.  Key bytes are hashed with NumPy straight from the buffer
-    (Java's hash over UTF-16 units equals one over bytes for ASCII); a record with a non-ASCII
-    key or topic is hashed through Python strings."""
-    buf = columns.buffer
-    n = len(columns)
-    empty = (np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    if not n:
-        return empty
-    indexed = (columns.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
-    # one (row, first byte, end byte) per key, in order: UNIQ_KEY, then each KEYS entry
-    rows: list[int] = []
-    firsts: list[int] = []
-    lasts: list[int] = []
-    slow: list[tuple[int, str]] = []  # (row, key text) of rows hashed through Python strings
-    slow_rows: set[int] = set()
-    starts = columns.properties_starts.tolist()
-    ends = columns.properties_ends.tolist()
-    for i in np.flatnonzero(indexed).tolist():
-        start, end = starts[i], ends[i]
-        if start == end:
-            continue
-        u0, u1 = _value_range(buf, start, end, _UNIQ_INSIDE, _UNIQ_AT_START)
-        k0, k1 = _value_range(buf, start, end, _KEYS_INSIDE, _KEYS_AT_START)
-        if u1 > u0:
-            rows.append(i)
-            firsts.append(u0)
-            lasts.append(u1)
-        if k1 > k0:
-            value = buf[k0:k1]
-            if b" " not in value:
-                rows.append(i)
-                firsts.append(k0)
-                lasts.append(k1)
-            else:
-                at = k0
-                for part in value.split(b" "):
-                    if part:
-                        rows.append(i)
-                        firsts.append(at)
-                        lasts.append(at + len(part))
-                    at += len(part) + 1
-    if not rows:
-        return empty
-    row = np.array(rows, dtype=np.int64)
-    first = np.array(firsts, dtype=np.int64)
-    last = np.array(lasts, dtype=np.int64)
-    lengths = last - first
-    b = np.frombuffer(buf, dtype=np.uint8)
-    try:
-        # every key's bytes, back to back
-        total = int(lengths.sum())
-        key_ends = np.cumsum(lengths)
-        key_starts = key_ends - lengths
-        index = np.arange(total, dtype=np.int64) + np.repeat(first - key_starts, lengths)
-        chars = b[index].astype(np.uint32)
-    finally:
-        del b
-    ascii_key = np.ones(len(rows), dtype=bool)
-    if (chars >= 0x80).any():
-        ascii_key = np.logical_and.reduceat(chars < 0x80, key_starts) if total else ascii_key
-    powers = _powers_of_31(int(lengths.max()) + 1)
-    after = np.repeat(key_ends, lengths) - 1 - np.arange(total, dtype=np.int64)
-    key_sums = np.add.reduceat(chars * powers[after], key_starts, dtype=np.uint32)
-    # hash("topic#key") = hash("topic#") * 31**len(key) + hash(key), all mod 2**32
-    names = columns.topic_names
-    prefix = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in names], dtype=np.uint32)
-    topic_ids = columns.topic_ids[row]
-    hashes = (prefix[topic_ids] * powers[lengths] + key_sums).astype(np.uint32)
-    if not ascii_key.all() or any(not t.isascii() for t in names):
-        topics_ascii = np.array([t.isascii() for t in names], dtype=bool)
-        redo = np.flatnonzero(~ascii_key | ~topics_ascii[topic_ids])
-        for k in redo.tolist():
-            i = rows[k]
-            text = bytes(buf[firsts[k] : lasts[k]]).decode("utf-8", "replace")
-            hashes[k] = java_string_hash(f"{columns.topics[i]}#{text}") & 0xFFFFFFFF
-    signed = hashes.view(np.int32).astype(np.int64)
-    signed = np.abs(signed)
-    signed[signed > INT_MAX] = 0  # abs(Integer.MIN_VALUE): RocketMQ keeps 0
-    return signed.astype(np.int32), columns.offsets[row], columns.store_timestamps[row]
+    return bytes(buf[at : end if value_end < 0 else value_end]).decode("utf-8", "replace")
