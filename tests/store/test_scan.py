@@ -32,7 +32,7 @@ hosts = st.sampled_from([("127.0.0.1", 10911), ("10.1.2.3", 0), ("::1", 10911), 
 messages = st.fixed_dictionaries(
     {
         "topic": topics,
-        "body": st.binary(max_size=40),
+        "body": st.one_of(st.binary(max_size=40), st.just(b"\x02TAGS\x01b\x02KEYS\x01c d\x02")),
         "queue_id": st.integers(0, 5),
         "queue_offset": st.integers(0, 2**40),
         "properties": properties,

@@ -58,32 +58,34 @@ def _next(positions: np.ndarray, at: np.ndarray, default: int) -> np.ndarray:
 
 def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: list[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each name: per record, the [first, last) buffer range of its value (the last property
-    of that name, as a dict keeps it), or (-1, -1).  `starts`/`ends`: each record's properties."""
+    of that name, as a dict keeps it), or (-1, -1).  `starts`/`ends`: each record's properties,
+    in increasing buffer order.  The separators are found in one pass over the buffer span the
+    records cover (bodies included: a compare is cheaper than gathering the properties)."""
     n = len(starts)
     out = [(np.full(n, -1, np.int64), np.full(n, -1, np.int64)) for _ in names]
     keep = np.flatnonzero(ends > starts)
     if not len(keep):
         return out
-    chars, cat_starts, cat_ends = _gather(b, starts[keep], ends[keep])
-    total = len(chars)
-    seconds = np.flatnonzero(chars == 2)
-    firsts = np.flatnonzero(chars == 1)
+    starts, ends = starts[keep], ends[keep]
+    low = int(starts[0])
+    span = b[low : int(ends[-1])]
+    # separators anywhere in the span: one in a body or header only makes a segment that ends
+    # before it starts (clipped to its record's properties), which names nothing
+    seconds = np.flatnonzero(span == 2) + low
+    firsts = np.flatnonzero(span == 1) + low
     # a segment starts where a record's properties do and after each \x02
-    flags = np.zeros(total + 1, dtype=bool)
-    flags[cat_starts] = True
-    flags[seconds + 1] = True
-    segments = np.flatnonzero(flags[:total])
-    record_of = np.searchsorted(cat_starts, segments, side="right") - 1
-    segment_ends = np.minimum(_next(seconds, segments, total), cat_ends[record_of])
-    name_ends = _next(firsts, segments, total)
-    has_name = name_ends < segment_ends
-    shift = starts[keep] - cat_starts  # buffer position = position in `chars` + shift of its record
+    segments = np.unique(np.concatenate([starts, seconds + 1]))
+    record_of = np.searchsorted(starts, segments, side="right") - 1
+    big = int(ends[-1]) + 1
+    segment_ends = np.minimum(_next(seconds, segments, big), ends[record_of])
+    name_ends = _next(firsts, segments, big)
+    has_name = (name_ends < segment_ends) & (segments < segment_ends)
     for (value_firsts, value_lasts), name in zip(out, names):
         width = len(name)
         candidates = np.flatnonzero(has_name & (name_ends - segments == width))
         if not len(candidates):
             continue
-        text = chars[segments[candidates][:, None] + np.arange(width)]
+        text = b[segments[candidates][:, None] + np.arange(width)]
         match = candidates[(text == np.frombuffer(name, np.uint8)).all(axis=1)]
         if not len(match):
             continue
@@ -92,8 +94,8 @@ def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: 
         last[:-1] = records[1:] != records[:-1]  # segments are in order: keep each record's last
         match, records = match[last], records[last]
         rows = keep[records]
-        value_firsts[rows] = name_ends[match] + 1 + shift[records]
-        value_lasts[rows] = segment_ends[match] + shift[records]
+        value_firsts[rows] = name_ends[match] + 1
+        value_lasts[rows] = segment_ends[match]
     return out
 
 
@@ -118,11 +120,10 @@ def _decoded(buf, first: int, last: int) -> str:
     return bytes(buf[first:last]).decode("utf-8", "replace")
 
 
-def tags_codes(buf, b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Per record: Java hash of its TAGS value, sign-extended (the ConsumeQueue tags code); 0
-    without TAGS or with an empty one."""
-    (firsts, lasts), = property_ranges(b, starts, ends, [TAGS])
-    codes = np.zeros(len(starts), dtype=np.int64)
+def tags_codes(buf, b: np.ndarray, firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+    """Per record: Java hash of its TAGS value (range [first, last), -1 if none), sign-extended
+    (the ConsumeQueue tags code); 0 without TAGS or with an empty one."""
+    codes = np.zeros(len(firsts), dtype=np.int64)
     rows = np.flatnonzero(lasts > firsts)
     if not len(rows):
         return codes
@@ -135,13 +136,13 @@ def tags_codes(buf, b: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
 
 
 def index_entries(
-    buf, b: np.ndarray, starts: np.ndarray, ends: np.ndarray, indexed: np.ndarray,
-    topic_ids: np.ndarray, topic_names: list[str], offsets: np.ndarray, timestamps: np.ndarray,
+    buf, b: np.ndarray, uniq: tuple[np.ndarray, np.ndarray], keys: tuple[np.ndarray, np.ndarray],
+    indexed: np.ndarray, topic_ids: np.ndarray, topic_names: list[str], offsets: np.ndarray, timestamps: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The key index's entries of the records where `indexed`, in order: (abs Java hash of
     "topic#key" as IndexFile keeps it, commit-log offset, store time) for the UNIQ_KEY and then
-    each non-empty space-separated KEYS entry."""
-    (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = property_ranges(b, starts, ends, [UNIQ_KEY, KEYS])
+    each non-empty space-separated KEYS entry (`uniq`, `keys`: the value ranges per record)."""
+    (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = uniq, keys
     # every key as a byte range, tagged with its record and its order within the record
     uniq_rows = np.flatnonzero(indexed & (uniq_lasts > uniq_firsts))
     keys_rows = np.flatnonzero(indexed & (keys_lasts > keys_firsts))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .property_columns import index_entries, tags_codes
+from .property_columns import KEYS, TAGS, UNIQ_KEY, index_entries, property_ranges, tags_codes
 from .record import (
     KEY_SEPARATOR,
     MESSAGE_MAGIC_CODE,
@@ -75,6 +75,8 @@ class RecordColumns:
     topic_names: list[str]  # topic_names[topic_ids[i]] == topics[i]
     properties_starts: np.ndarray
     properties_ends: np.ndarray
+    unique_key_ranges: tuple[np.ndarray, np.ndarray]  # per row: [first, last) of UNIQ_KEY's value, or -1
+    keys_ranges: tuple[np.ndarray, np.ndarray]  # the same for KEYS
 
     def __len__(self) -> int:
         return len(self.topics)
@@ -104,7 +106,7 @@ class RecordColumns:
         b = np.frombuffer(self.buffer, dtype=np.uint8)
         try:
             return index_entries(
-                self.buffer, b, self.properties_starts, self.properties_ends, indexed,
+                self.buffer, b, self.unique_key_ranges, self.keys_ranges, indexed,
                 self.topic_ids, self.topic_names, self.offsets, self.store_timestamps,
             )
         finally:
@@ -114,7 +116,8 @@ class RecordColumns:
 def _empty(buf, base_offset: int, end: int) -> RecordColumns:
     i64 = np.zeros(0, np.int64)
     i32 = np.zeros(0, np.int32)
-    return RecordColumns(buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, [], i32, [], i64, i64)
+    return RecordColumns(buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, [], i32, [], i64, i64,
+                         (i64, i64), (i64, i64))
 
 
 def _view(buf, dtype: str, start: int, stop: int) -> np.ndarray:
@@ -221,7 +224,8 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         topic_ids.append(tid)
     b = np.frombuffer(buf, dtype=np.uint8)
     try:
-        codes = tags_codes(buf, b, properties_at[:count], ends[:count])
+        tags, uniq, keys = property_ranges(b, properties_at[:count], ends[:count], [TAGS, UNIQ_KEY, KEYS])
+        codes = tags_codes(buf, b, *tags)
     finally:
         del b
     pos = pos[:count]
@@ -242,6 +246,8 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         topic_names=list(names),
         properties_starts=properties_at[:count],
         properties_ends=ends[:count],
+        unique_key_ranges=uniq,
+        keys_ranges=keys,
     )
 
 
