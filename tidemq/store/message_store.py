@@ -586,12 +586,11 @@ class MessageStore:
             return self.commit_log.flushed_position
         return self.commit_log.write_position
 
-    # A round that found at least this much to dispatch means appends are streaming in: the next
-    # round waits DISPATCH_PACING_S so that it gets a batch big enough for the worker processes
-    # (small ones are built on this thread, which shares the appenders' GIL).  A trickle of
-    # messages is dispatched at once, so long polling hears of it without delay.
-    DISPATCH_PACING_BYTES = 16 << 10
-    DISPATCH_PACING_S = 0.002
+    # While appends stream in, dispatch rounds start at least DISPATCH_ROUND_S apart: each round
+    # then takes a batch worth handing to the worker processes, and the appenders are not
+    # interrupted for every few records (the dispatch thread shares their GIL).  A record that
+    # arrives after a quiet spell is dispatched at once, so long polling hears of it without delay.
+    DISPATCH_ROUND_S = 0.002
 
     def _dispatch_loop(self) -> None:
         while not self._stopping:
@@ -599,8 +598,8 @@ class MessageStore:
             self._dispatch_event.clear()
             self._dispatch_event_set = False
             try:
-                if self._dispatch_pending() >= self.DISPATCH_PACING_BYTES:
-                    time.sleep(self.DISPATCH_PACING_S)
+                if self._dispatch_pending():
+                    time.sleep(self.DISPATCH_ROUND_S)
             except Exception:
                 log.exception("dispatch failed; retrying")
                 time.sleep(0.1)
