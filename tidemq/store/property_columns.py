@@ -74,7 +74,8 @@ def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: 
     seconds = np.flatnonzero(span == 2) + low
     firsts = np.flatnonzero(span == 1) + low
     # a segment starts where a record's properties do and after each \x02
-    segments = np.unique(np.concatenate([starts, seconds + 1]))
+    # (two sorted runs: a stable sort merges them; a start doubled by a \x02 before it is harmless)
+    segments = np.sort(np.concatenate([starts, seconds + 1]), kind="stable")
     record_of = np.searchsorted(starts, segments, side="right") - 1
     big = int(ends[-1]) + 1
     segment_ends = np.minimum(_next(seconds, segments, big), ends[record_of])
@@ -85,8 +86,8 @@ def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: 
         candidates = np.flatnonzero(has_name & (name_ends - segments == width))
         if not len(candidates):
             continue
-        text = b[segments[candidates][:, None] + np.arange(width)]
-        match = candidates[(text == np.frombuffer(name, np.uint8)).all(axis=1)]
+        text = b[segments[candidates][:, None] + np.arange(width)].view(f"V{width}").ravel()
+        match = candidates[text == np.void(name)]
         if not len(match):
             continue
         records = record_of[match]
