@@ -7,7 +7,7 @@ None or the pipe closes (its coordinator is gone)."""
 
 import sys
 
-from tidemq.store.parallel_dispatch import _Channel, _worker_main
+from tidemq.store.batch_builder import _Channel, _worker_main
 
 if __name__ == "__main__":
     read_fd, write_fd, root, units, index = sys.argv[1:6]

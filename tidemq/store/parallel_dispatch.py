@@ -3,23 +3,28 @@
 CPython threads would serialise on the GIL, so the work runs in **worker processes** that share
 the store's files through their own mappings:
 
-- The coordinator (the store's dispatch thread) walks only the record headers (size and magic,
-  like RocketMQ's reput pre-check) from `_cut_offset` and cuts record-aligned **batches** of at
-  most `batch_bytes`, numbered in log order.  A blank ends a segment's last batch.
-- A worker (`BatchBuilder`) maps the commit-log segment read-only, decodes the batch with the
-  columnar decoder (`scan`), and writes each ConsumeQueue unit **at its slot** (queue offsets
-  were assigned at append time) through its own mapping of the queue file, creating files as
-  needed: a queue's contiguous run of slots in the batch is one copy of a unit array.  For the key
-  index it computes the entries (hash of `topic#key`, commit-log offset, store time) but does not
-  write them.  It answers with, per queue, the slots it wrote, and the index entries.
-- The coordinator commits each batch's slots as soon as the batch's answer arrives, in any order:
-  `ConsumeQueue.commit_range` moves a queue's commit frontier only over contiguous written slots,
-  so readers and long-polling listeners (told only of frontier moves) never see a gap or a
-  reordering.  Index entries are appended, and `dispatched_offset` advances, strictly in batch
-  order: `dispatched_offset` is the end of the longest prefix of completely built batches, which is
-  what the checkpoint records and what recovery restarts from.
-- A queue the coordinator has never seen is started (`ConsumeQueue.adopt_files`) only when its
-  first batch is the oldest outstanding one, because only then is its first slot known.
+- The coordinator (the store's dispatch thread) cuts **batches** of about `batch_bytes`,
+  numbered in log order, without walking every record: a batch starts at a known record boundary
+  (its first header checked: a whole record, or the blank that closes the segment) and ends at
+  the first record header past the target size that names its own position (magic code and
+  PHYSICALOFFSET), or at the limit.  Such a header is only a candidate boundary (a body could
+  hold those bytes); the worker's walk over the batch confirms it.
+- A worker (`batch_builder.BatchBuilder`) maps the commit-log segment read-only, decodes the
+  batch with the columnar decoder (`scan`), and writes each ConsumeQueue unit **at its slot**
+  (queue offsets were assigned at append time) through its own mapping of the queue file,
+  creating files as needed: a queue's contiguous run of slots in the batch is one copy of a unit
+  array.  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
+  store time) but does not write them.  It answers with, per queue, the slots it wrote, the index
+  entries, and where its walk ended (past the blank if one closes the segment).
+- Answers arrive in any order; the coordinator processes them strictly in batch order.  At the
+  head, a batch whose walk ended exactly at its cut is committed: each queue's run of slots starts
+  at that queue's commit frontier (`ConsumeQueue.commit_range`), so readers and long-polling
+  listeners (told only of frontier moves) never see a gap or a reordering; a queue seen for the
+  first time is started there (`ConsumeQueue.adopt_files`), its first slot now known.  Then its
+  index entries are appended and `dispatched_offset` advances: it is the end of the longest
+  prefix of completely built batches, which is what the checkpoint records and what recovery
+  restarts from.  A walk that ended short (a damaged record, data not readable yet, or a cut
+  inside a record) stops there: later batches are dropped uncommitted and cut again from there.
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
@@ -38,14 +43,13 @@ unwritten slot are zeroed when the queue is loaded, so they are never taken for 
 
 Ownership: one coordinator thread calls `dispatch_until`; workers write disjoint 20-byte slots and
 create queue files with O_CREAT + ftruncate to the common size (idempotent); only the coordinator
-touches `ConsumeQueue` objects, the key index and the listeners.
+touches `ConsumeQueue` objects, the key index and the listeners.  Units a worker wrote for a
+batch that is dropped lie above the frontiers and are overwritten when the batch is built again.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
-import multiprocessing
 import multiprocessing.connection
 import os
 import struct
@@ -59,8 +63,9 @@ from typing import Callable
 import numpy as np
 
 from . import record
+from .batch_builder import CRASH_ENV, BatchBuilder, BatchResult, BatchTask, _Channel, _worker_main  # noqa: F401
 from .commit_log import CommitLog
-from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, ConsumeQueue, file_name
+from .consume_queue import ConsumeQueue
 from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchBatch, DispatchStats, QueueKey, dispatch_to, notify_listeners
 from .scan import scan
 
@@ -72,34 +77,6 @@ MIN_RECORD_SIZE = 91
 
 DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
-CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
-CRASH_EXIT_CODE = 75
-
-
-@dataclass(slots=True, frozen=True)
-class BatchTask:
-    batch_id: int
-    segment_path: str
-    segment_start: int
-    segment_size: int
-    begin: int  # commit-log offsets, record-aligned, inside the segment
-    end: int
-
-
-@dataclass(slots=True)
-class BatchResult:
-    batch_id: int
-    begin: int
-    end: int  # where building stopped: the task's end unless `error`
-    error: str | None
-    records: int
-    last_store_timestamp: int
-    # (topic, queue id, first slot, slot count, extra slots or None): the slots written, in order
-    # [first, first + count) followed by `extra` when the queue's slots were not contiguous
-    queues: list[tuple[str, int, int, int, list[int] | None]]
-    index_hashes: np.ndarray
-    index_phys: np.ndarray
-    index_timestamps: np.ndarray
 
 
 _MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
@@ -120,242 +97,6 @@ def _record_after(mm, base: int, pos: int, stop: int) -> int | None:
         if start + 36 <= stop and mm[at + 3] in (0xA7, 0xAB) and _I64.unpack_from(mm, start + 28)[0] == base + start:
             return start
         pos = start + 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Building a batch (worker side; also used inline by the coordinator)
-
-
-class BatchBuilder:
-    """Decodes one batch of records and writes their ConsumeQueue units at their slots through
-    its own file mappings.  Caches segment and queue-file mappings between batches."""
-
-    MAX_QUEUE_FILES = 30_000  # mappings kept open (vm.max_map_count is 65,530 by default)
-    MAX_SEGMENTS = 4
-
-    def __init__(self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
-        self.root = Path(consume_queue_root)
-        self.default_units_per_file = default_units_per_file
-        self.index_enabled = index_enabled
-        self._segments: dict[str, mmap.mmap] = {}
-        self._units_per_file: dict[QueueKey, int] = {}
-        self._files: dict[tuple[str, int, int], mmap.mmap] = {}
-        self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
-        self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
-
-    def _segment(self, task: BatchTask) -> mmap.mmap:
-        mm = self._segments.get(task.segment_path)
-        if mm is None:
-            if len(self._segments) >= self.MAX_SEGMENTS:
-                oldest = next(iter(self._segments))
-                self._segments.pop(oldest).close()
-            with open(task.segment_path, "rb") as f:
-                mm = mmap.mmap(f.fileno(), task.segment_size, access=mmap.ACCESS_READ)
-            self._segments[task.segment_path] = mm
-        return mm
-
-    def _queue_units_per_file(self, key: QueueKey) -> int:
-        upf = self._units_per_file.get(key)
-        if upf is None:
-            directory = self.root / key[0] / str(key[1])
-            upf = self.default_units_per_file
-            if directory.is_dir():
-                sizes = [p.stat().st_size for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 20]
-                if sizes and max(sizes) >= UNIT_SIZE:
-                    upf = max(sizes) // UNIT_SIZE  # an existing queue keeps its file size
-            self._units_per_file[key] = upf
-        return upf
-
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
-        if len(self._files) >= self.MAX_QUEUE_FILES:
-            self.close_queue_files()
-        directory = f"{self.root}/{topic}/{queue_id}"
-        size = upf * UNIT_SIZE
-        path = f"{directory}/{file_name(file_start * UNIT_SIZE)}"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # every creator extends to the same size: idempotent
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._files[(topic, queue_id, file_start)] = mm
-        return mm
-
-    def build(self, task: BatchTask) -> BatchResult:
-        mm = self._segment(task)
-        base = task.segment_start
-        columns = scan(mm, task.begin - base, task.end - base, base)
-        error = None
-        end = columns.end
-        if end < task.end:
-            rec = record.decode(mm, end - base, base_offset=base, check_crc=False, read_body=False)
-            if type(rec) is record.EndOfSegment:
-                end = base + task.segment_size  # the blank closes the segment: the batch takes it
-            elif type(rec) is not record.Record:  # (a Record runs past the end: a short batch)
-                error = f"{type(rec).__name__} at commit-log offset {end}" + (
-                    f": {rec.reason}" if type(rec) is record.Invalid else ""
-                )
-        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
-            os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
-        queues = self._write_units(columns) if len(columns) else []
-        if self.index_enabled:
-            hashes, phys, times = columns.index_keys()
-        else:
-            hashes, phys, times = np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return BatchResult(
-            batch_id=task.batch_id,
-            begin=task.begin,
-            end=end,
-            error=error,
-            records=len(columns),
-            last_store_timestamp=int(columns.store_timestamps[-1]) if len(columns) else 0,
-            queues=queues,
-            index_hashes=hashes,
-            index_phys=phys,
-            index_timestamps=times,
-        )
-
-    def _write_units(self, columns) -> list:
-        """Write every queue entry of `columns` at its slot; returns, per queue, the slots
-        written as (topic, queue id, first, count, extra slots or None): [first, first + count)
-        followed by `extra` when the queue's slots in this batch were not contiguous."""
-        kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
-        rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
-        if not len(rows):
-            return []
-        queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
-        order = np.argsort(queue_keys, kind="stable")
-        rows = rows[order]
-        sorted_keys = queue_keys[order]
-        bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
-        slots = columns.queue_offsets[rows]
-        units = np.empty(len(rows), dtype=UNIT_DTYPE)
-        units["offset"] = columns.offsets[rows]
-        units["size"] = columns.sizes[rows]
-        units["tags_code"] = columns.tags_codes[rows]
-        starts = np.array([0] + bounds, dtype=np.int64)
-        stops = np.array(bounds + [len(rows)], dtype=np.int64)
-        # a group is one contiguous run when no slot inside it breaks the +1 sequence
-        breaks = np.zeros(len(rows), dtype=np.int64)
-        breaks[1:] = np.cumsum(slots[1:] != slots[:-1] + 1)
-        contiguous = (breaks[stops - 1] == breaks[starts]).tolist()
-        unit_bytes = memoryview(units.tobytes())
-        first_slots = slots[starts].tolist()
-        names = columns.topic_names
-        group_topics = columns.topic_ids[rows[starts]].tolist()
-        group_queues = columns.queue_ids[rows[starts]].tolist()
-        files = self._files
-        upf_of = self._units_per_file
-        crash_test = self.exit_after_units
-        answer = []
-        for start, stop, first, whole, tid, queue_id in zip(
-            starts.tolist(), stops.tolist(), first_slots, contiguous, group_topics, group_queues
-        ):
-            topic = names[tid]
-            key = (topic, queue_id)
-            upf = upf_of.get(key) or self._queue_units_per_file(key)
-            if crash_test or not whole:
-                answer.append(self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop]))
-                continue
-            count = stop - start
-            file_start = first - first % upf
-            if first + count <= file_start + upf:  # the run lies in one file
-                qmm = files.get((topic, queue_id, file_start))
-                if qmm is None:
-                    qmm = self._queue_file(topic, queue_id, file_start, upf)
-                pos = (first - file_start) * UNIT_SIZE
-                qmm[pos : pos + count * UNIT_SIZE] = unit_bytes[start * UNIT_SIZE : stop * UNIT_SIZE]
-            else:
-                done = start
-                while done < stop:  # one copy per queue file the run spans
-                    slot = first + done - start
-                    file_start = slot - slot % upf
-                    qmm = files.get((topic, queue_id, file_start))
-                    if qmm is None:
-                        qmm = self._queue_file(topic, queue_id, file_start, upf)
-                    n = min(stop - done, file_start + upf - slot)
-                    pos = (slot - file_start) * UNIT_SIZE
-                    qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
-                    done += n
-            answer.append((topic, queue_id, first, count, None))
-        return answer
-
-    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: np.ndarray) -> tuple:
-        """One unit at a time, for a queue whose slots in the batch are not one contiguous run."""
-        files = self._files
-        unit_pack = UNIT.pack_into
-        run_first = slots[0]
-        run_next = run_first
-        extra = None
-        for slot, unit in zip(slots, units.tolist()):
-            file_start = slot - slot % upf
-            qmm = files.get((topic, queue_id, file_start))
-            if qmm is None:
-                qmm = self._queue_file(topic, queue_id, file_start, upf)
-            unit_pack(qmm, (slot - file_start) * UNIT_SIZE, *unit)
-            if self.exit_after_units:
-                self.exit_after_units -= 1
-                if not self.exit_after_units:
-                    os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
-            if slot == run_next and extra is None:
-                run_next = slot + 1
-            else:
-                if extra is None:
-                    extra = []
-                extra.append(slot)
-        return (topic, queue_id, run_first, run_next - run_first, extra)
-
-    def close_queue_files(self) -> None:
-        for mm in self._files.values():
-            mm.close()
-        self._files.clear()
-
-    def close(self) -> None:
-        self.close_queue_files()
-        for mm in self._segments.values():
-            mm.close()
-        self._segments.clear()
-
-
-def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
-    """A worker process: build each task it receives and send back the result; None stops it."""
-    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
-    builder.coordinator_pid = os.getppid()
-    # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
-    # dies after writing N units of its first batch
-    crash = os.environ.get(CRASH_ENV)
-    if crash:
-        count, _, marker = crash.partition(":")
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            builder.exit_after_units = int(count)
-        except FileExistsError:
-            pass
-    try:
-        while True:
-            try:
-                task = conn.recv()
-            except EOFError:
-                return
-            if task is None:
-                return
-            if task == "ping":
-                conn.send("pong")
-                continue
-            try:
-                result = builder.build(task)
-            except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
-                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, [],
-                                     np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
-            conn.send(result)
-    finally:
-        builder.close()
-
 
 class _Worker:
     """A worker process (`python -m tidemq.store.dispatch_worker`, talking pickled messages over
@@ -388,32 +129,6 @@ class _Worker:
 
     def alive(self) -> bool:
         return self.process.poll() is None
-
-
-class _Channel:
-    """Both ends of a worker's pipes as one duplex connection."""
-
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self.reader = multiprocessing.connection.Connection(read_fd, writable=False)
-        self.writer = multiprocessing.connection.Connection(write_fd, readable=False)
-
-    def send(self, obj) -> None:
-        self.writer.send(obj)
-
-    def recv(self):
-        return self.reader.recv()
-
-    def poll(self) -> bool:
-        return self.reader.poll()
-
-    def fileno(self) -> int:
-        return self.reader.fileno()
-
-    def close(self) -> None:
-        self.reader.close()
-        self.writer.close()
 
 
 # ---------------------------------------------------------------------------------------------
