@@ -12,8 +12,9 @@ committed entries.
 
 The `Dispatcher` tails the log from `dispatched_offset` up to a limit the store gives it (the
 flushed position under sync flush, the write position otherwise), decoding with the columnar
-scan (`scan.scan`) and asking the shared record codec why it stopped where it did.  Ownership: `dispatch_until` runs on one thread at a time (the dispatch thread, or recovery
-before that thread starts).
+scan (`scan.scan`) and asking the shared record codec why it stopped where it did.  Ownership:
+`dispatch_until` runs on one thread at a time (the dispatch thread, or recovery before that
+thread starts).
 """
 
 from __future__ import annotations
@@ -264,9 +265,8 @@ class ConsumeQueueStore:
             else:
                 moved = False
                 put = cq.put
-                for k in range(start, stop):
-                    unit = units[k]
-                    moved = put(slot_list[k], int(unit["offset"]), int(unit["size"]), int(unit["tags_code"])) or moved
+                for slot, (offset, size, tags_code) in zip(slot_list[start:stop], units[start:stop].tolist()):
+                    moved = put(slot, offset, size, tags_code) or moved
             if moved:
                 changes[key] = cq.commit_frontier
             last_row = max(last_row, int(rows[stop - 1]))

@@ -372,15 +372,16 @@ class ParallelDispatcher:
         self._head_id += 1
         queues = self.queues
         table = queues.queues
-        for entry in head.queues:
-            topic, queue_id, first, count, extra = entry
+        for topic, queue_id, first, count, extra in head.queues:
             key = (topic, queue_id)
             cq = table.get(key)
             if cq is None or not cq._files:
                 if cq is None:
                     cq = table[key] = ConsumeQueue(queues.root, topic, queue_id, queues.units_per_file, load=False)
                 cq.adopt_files(first)
-            if cq.commit_range(first, first + count) | (extra is not None and self._commit_extra(cq, extra)):
+            if extra is None and cq.advance_run(first, first + count):
+                changes[key] = first + count
+            elif cq.commit_range(first, first + count) | (extra is not None and self._commit_extra(cq, extra)):
                 changes[key] = cq.commit_frontier
         end = head.end
         if self.key_index is not None and len(head.index_hashes):
