@@ -144,6 +144,8 @@ class _UniqueKeys:
         return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
 
 
+_TRANSACTION_TYPE_MASK = record.TRANSACTION_TYPE_MASK
+_TRANSACTION_COMMIT = record.TRANSACTION_COMMIT
 _UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
 
 
@@ -398,14 +400,16 @@ class MessageStore:
         try:
             if self._closed:
                 raise StoreClosedError("the store is closed")
-            prepared = self._prepare(message)
+            prepared = [self._prepare(message)]
+            stored: list[PutResult] = []
             with self._append_lock:
                 if self._closed:
                     raise StoreClosedError("the store is closed")
                 try:
-                    result = self._append_locked(message, prepared, self.clock())
+                    self._append_locked((message,), prepared, self.clock(), stored)
                 except OSError as exc:
                     raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
+                result = stored[0]
                 end = result.commit_log_offset + result.size
                 self._last_written = (end, result.store_timestamp)
             self._await_durable(end, blocking, on_durable, result)
@@ -443,10 +447,8 @@ class MessageStore:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             store_timestamp = self.clock()
-            append_locked = self._append_locked
             try:
-                for message, parts in zip(messages, prepared):
-                    results.append(append_locked(message, parts, store_timestamp))
+                self._append_locked(messages, prepared, store_timestamp, results)
             except OSError as exc:
                 error = StoreIOError(
                     exc.errno, f"append failed, nothing stored from message {len(results)} of the batch on: {exc.strerror or exc}"
@@ -459,40 +461,46 @@ class MessageStore:
                     self._last_written = (last.commit_log_offset + last.size, store_timestamp)
         return results, self._last_written[0]
 
-    def _append_locked(self, message: Message, prepared: tuple, store_timestamp: int) -> PutResult:
-        """Assign the queue offset and write the record at the log's end; the append lock is held."""
-        template, body, body_crc, properties_bytes, unique_key = prepared
-        born_timestamp = message.born_timestamp
-        if born_timestamp is None:
-            born_timestamp = store_timestamp  # the producer's time is unknown: the store's
-        sysflag = message.sysflag
-        transaction = sysflag & record.TRANSACTION_TYPE_MASK
-        takes_offset = not transaction or transaction == record.TRANSACTION_COMMIT
-        key = (message.topic, message.queue_id)
-        queue_offset = self._queue_offsets.get(key, 0) if takes_offset else 0
-        size = template.fixed_size + len(body) + len(properties_bytes)
+    def _append_locked(self, messages, prepared: list[tuple], store_timestamp: int, results: list[PutResult]) -> None:
+        """Assign each message its queue offset and write its record at the log's end, in order,
+        adding its PutResult to `results` once written (so after an OSError part way, `results`
+        holds exactly the stored ones).  The append lock is held."""
         commit_log = self.commit_log
-        mm, pos, offset = commit_log.reserve(size)
-        template.write_into(
-            mm,
-            pos,
-            body,
-            body_crc,
-            message.queue_id,
-            properties_bytes,
-            born_timestamp,
-            message.flag,
-            sysflag,
-            message.reconsume_times,
-            message.prepared_transaction_offset,
-            queue_offset,
-            offset,
-            store_timestamp,
-        )
-        commit_log.write_position = offset + size
-        if takes_offset:
-            self._queue_offsets[key] = queue_offset + 1
-        return PutResult(offset, size, queue_offset, unique_key, store_timestamp, self.config.store_host)
+        reserve = commit_log.reserve
+        queue_offsets = self._queue_offsets
+        store_host = self.config.store_host
+        stored = results.append
+        for message, (template, body, body_crc, properties_bytes, unique_key) in zip(messages, prepared):
+            born_timestamp = message.born_timestamp
+            if born_timestamp is None:
+                born_timestamp = store_timestamp  # the producer's time is unknown: the store's
+            sysflag = message.sysflag
+            transaction = sysflag & _TRANSACTION_TYPE_MASK
+            takes_offset = not transaction or transaction == _TRANSACTION_COMMIT
+            key = (message.topic, message.queue_id)
+            queue_offset = queue_offsets.get(key, 0) if takes_offset else 0
+            size = template.fixed_size + len(body) + len(properties_bytes)
+            mm, pos, offset = reserve(size)
+            template.write_into(
+                mm,
+                pos,
+                body,
+                body_crc,
+                message.queue_id,
+                properties_bytes,
+                born_timestamp,
+                message.flag,
+                sysflag,
+                message.reconsume_times,
+                message.prepared_transaction_offset,
+                queue_offset,
+                offset,
+                store_timestamp,
+            )
+            commit_log.write_position = offset + size
+            if takes_offset:
+                queue_offsets[key] = queue_offset + 1
+            stored(PutResult(offset, size, queue_offset, unique_key, store_timestamp, store_host))
 
     def _await_durable(self, end: int, blocking: bool, on_durable: DurableCallback | None, token) -> None:
         group_commit = self.group_commit
