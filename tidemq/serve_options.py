@@ -27,6 +27,7 @@ class ServeOptions:
     auto_renew_invisible_time_ms: int = 60_000
     renew_ahead_ms: int = 10_000
     renew_interval_ms: int = 5_000
+    event_loop: str = "auto"
 
 
 # flag, config key (RocketMQ's name where one exists), option, help
@@ -49,8 +50,11 @@ OPTIONS = [
      "invisible time the broker picks for push consumers (auto-renew)"),
     ("--renew-ahead-ms", "renewAheadTimeMillis", "renew_ahead_ms", "renew an auto-renewed message this long before its deadline"),
     ("--renew-interval-ms", "renewSchedulePeriodMillis", "renew_interval_ms", "how often auto-renewal runs"),
+    ("--event-loop", "eventLoop", "event_loop", "auto | uvloop | asyncio (auto: uvloop when installed, "
+     "it takes less CPU per call)"),
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 def _convert(option: str, value):
@@ -86,4 +90,6 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     if options.flush not in _FLUSH_NAMES:
         raise ValueError(f"flush must be async or sync, not {options.flush!r}")
     options.flush = _FLUSH_NAMES[options.flush]
+    if options.event_loop not in EVENT_LOOPS:
+        raise ValueError(f"event loop must be one of {', '.join(EVENT_LOOPS)}, not {options.event_loop!r}")
     return options

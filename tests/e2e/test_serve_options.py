@@ -8,7 +8,7 @@ import pytest
 
 from tidemq.serve_options import OPTIONS, ServeOptions, add_serve_arguments, resolve_options
 
-from .server import tidemq
+from .server import ServerProcess, tidemq
 
 
 def parse(*argv: str) -> ServeOptions:
@@ -42,5 +42,33 @@ def test_bad_options_are_refused_with_a_message(tmp_path):
         parse("--config", str(config))
     with pytest.raises(ValueError, match="flush must be"):
         parse("--flush", "sometimes")
+    with pytest.raises(ValueError, match="event loop must be one of auto, uvloop, asyncio"):
+        parse("--event-loop", "trio")
     result = tidemq("serve", "--config", str(config), "--store", str(tmp_path / "s"))
     assert result.returncode == 2 and "unknown config key" in result.stderr
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "auto"])
+def test_the_sdk_is_served_on_either_event_loop(tmp_path, event_loop):
+    from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
+
+    server = ServerProcess(tmp_path / "store", "--event-loop", event_loop).start()
+    try:
+        producer = Producer(server.config(), ("Loops",))
+        producer.startup()
+        consumer = SimpleConsumer(server.config(), "LoopsGroup", {"Loops": FilterExpression()}, await_duration=2)
+        consumer.startup()
+        try:
+            m = Message()
+            m.topic, m.body = "Loops", b"hello"
+            producer.send(m)
+            (got,) = consumer.receive(1, 20)
+            consumer.ack(got)
+            assert got.body == b"hello"
+        finally:
+            producer.shutdown()
+            consumer.shutdown()
+    finally:
+        assert server.stop() == 0, server.log_text()
+    expected = "asyncio event loop" if event_loop == "asyncio" else "event loop"
+    assert expected in server.log_text()
