@@ -27,6 +27,28 @@ CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 CRASH_EXIT_CODE = 75
 
 
+@dataclass(slots=True)
+class QueueRuns:
+    """The slots a batch wrote, one row per queue (`topic_names[topic_ids[i]]`, `queue_ids[i]`):
+    [firsts[i], firsts[i] + counts[i]), then `extras[i]` when the queue's slots in the batch were
+    not one contiguous run."""
+
+    topic_names: list[str]
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    firsts: np.ndarray
+    counts: np.ndarray
+    extras: dict[int, list[int]]
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    @classmethod
+    def empty(cls) -> "QueueRuns":
+        i32, i64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return cls([], i32, i32, i64, i64, {})
+
+
 @dataclass(slots=True, frozen=True)
 class BatchTask:
     batch_id: int
@@ -47,7 +69,7 @@ class BatchResult:
     last_store_timestamp: int
     # (topic, queue id, first slot, slot count, extra slots or None): the slots written, in order
     # [first, first + count) followed by `extra` when the queue's slots were not contiguous
-    queues: list[tuple[str, int, int, int, list[int] | None]]
+    queues: QueueRuns
     index_hashes: np.ndarray
     index_phys: np.ndarray
     index_timestamps: np.ndarray
@@ -130,7 +152,7 @@ class BatchBuilder:
                 )
         if self.coordinator_pid and os.getppid() != self.coordinator_pid:
             os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
-        queues = self._write_units(columns) if len(columns) else []
+        queues = self._write_units(columns) if len(columns) else QueueRuns.empty()
         if self.index_enabled:
             hashes, phys, times = columns.index_keys()
         else:
@@ -148,14 +170,13 @@ class BatchBuilder:
             index_timestamps=times,
         )
 
-    def _write_units(self, columns) -> list:
+    def _write_units(self, columns) -> QueueRuns:
         """Write every queue entry of `columns` at its slot; returns, per queue, the slots
-        written as (topic, queue id, first, count, extra slots or None): [first, first + count)
-        followed by `extra` when the queue's slots in this batch were not contiguous."""
+        written."""
         kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
         rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
         if not len(rows):
-            return []
+            return QueueRuns.empty()
         queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
         order = np.argsort(queue_keys, kind="stable")
         rows = rows[order]
@@ -175,20 +196,23 @@ class BatchBuilder:
         unit_bytes = memoryview(units.tobytes())
         first_slots = slots[starts].tolist()
         names = columns.topic_names
-        group_topics = columns.topic_ids[rows[starts]].tolist()
-        group_queues = columns.queue_ids[rows[starts]].tolist()
+        group_topic_ids = columns.topic_ids[rows[starts]]
+        group_queue_ids = columns.queue_ids[rows[starts]]
+        runs = QueueRuns(names, group_topic_ids, group_queue_ids, slots[starts], stops - starts, {})
         files = self._files
         upf_of = self._units_per_file
         crash_test = self.exit_after_units
-        answer = []
-        for start, stop, first, whole, tid, queue_id in zip(
-            starts.tolist(), stops.tolist(), first_slots, contiguous, group_topics, group_queues
-        ):
+        for group, (start, stop, first, whole, tid, queue_id) in enumerate(zip(
+            starts.tolist(), stops.tolist(), first_slots, contiguous, group_topic_ids.tolist(), group_queue_ids.tolist()
+        )):
             topic = names[tid]
             key = (topic, queue_id)
             upf = upf_of.get(key) or self._queue_units_per_file(key)
             if crash_test or not whole:
-                answer.append(self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop]))
+                run_count, extra = self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop])
+                runs.counts[group] = run_count
+                if extra is not None:
+                    runs.extras[group] = extra
                 continue
             count = stop - start
             file_start = first - first % upf
@@ -210,10 +234,9 @@ class BatchBuilder:
                     pos = (slot - file_start) * UNIT_SIZE
                     qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
                     done += n
-            answer.append((topic, queue_id, first, count, None))
-        return answer
+        return runs
 
-    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: np.ndarray) -> tuple:
+    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: np.ndarray) -> tuple[int, list[int] | None]:
         """One unit at a time, for a queue whose slots in the batch are not one contiguous run."""
         files = self._files
         unit_pack = UNIT.pack_into
@@ -236,7 +259,7 @@ class BatchBuilder:
                 if extra is None:
                     extra = []
                 extra.append(slot)
-        return (topic, queue_id, run_first, run_next - run_first, extra)
+        return run_next - run_first, extra
 
     def close_queue_files(self) -> None:
         for mm in self._files.values():
@@ -278,7 +301,7 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
             try:
                 result = builder.build(task)
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
-                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, [],
+                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
                                      np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
             conn.send(result)
     finally:

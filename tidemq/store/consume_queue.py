@@ -74,11 +74,36 @@ class _QueueFile:
             pass
 
 
+class FrontierTable:
+    """The commit frontiers of many ConsumeQueues in NumPy arrays, one row per queue, so that
+    parallel dispatch advances the frontiers of a whole batch's queues with one assignment.
+    Beside each frontier: the first slot past the queue's mapped files (-1 without files) and
+    whether slots above the frontier may be pending.  One writer (the dispatching thread); a
+    reader sees each value whole."""
+
+    def __init__(self, capacity: int = 16) -> None:
+        self.frontiers = np.zeros(capacity, dtype=np.int64)
+        self.files_end = np.full(capacity, -1, dtype=np.int64)
+        self.pending = np.zeros(capacity, dtype=bool)
+        self.size = 0
+
+    def allocate(self) -> int:
+        if self.size == len(self.frontiers):
+            grow = len(self.frontiers)
+            self.frontiers = np.concatenate([self.frontiers, np.zeros(grow, np.int64)])
+            self.files_end = np.concatenate([self.files_end, np.full(grow, -1, np.int64)])
+            self.pending = np.concatenate([self.pending, np.zeros(grow, bool)])
+        self.size += 1
+        return self.size - 1
+
+
 class ConsumeQueue:
-    """One queue's 20-byte-unit files.  Not safe for two writers; readers may be on any thread."""
+    """One queue's 20-byte-unit files.  Not safe for two writers; readers may be on any thread.
+    Its commit frontier lives in a `FrontierTable` row (the store's, or its own)."""
 
     def __init__(
-        self, root: Path, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE, load: bool = True
+        self, root: Path, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE, load: bool = True,
+        table: FrontierTable | None = None,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
@@ -87,12 +112,29 @@ class ConsumeQueue:
         self.file_size = units_per_file * UNIT_SIZE
         self._files: list[_QueueFile] = []
         self._lock = threading.Lock()
+        self.table = table if table is not None else FrontierTable(1)
+        self.row = self.table.allocate()
         self.min_offset = 0
         self.commit_frontier = 0  # exclusive: slots below it are all written
         self._pending: set[int] = set()  # written slots above the frontier
         self.max_physical_offset = 0  # end of the furthest commit-log record indexed
         if load:  # load=False: parallel dispatch adopts files its workers are writing (adopt_files)
             self._load()
+
+    @property
+    def commit_frontier(self) -> int:
+        return int(self.table.frontiers[self.row])
+
+    @commit_frontier.setter
+    def commit_frontier(self, value: int) -> None:
+        self.table.frontiers[self.row] = value
+
+    def _files_changed(self) -> None:
+        files = self._files
+        self.table.files_end[self.row] = files[-1].start + self.units_per_file if files else -1
+
+    def _pending_changed(self) -> None:
+        self.table.pending[self.row] = bool(self._pending)
 
     # -- loading and recovery -------------------------------------------------------------
 
@@ -137,6 +179,7 @@ class ConsumeQueue:
         # files after a hole hold nothing reachable; drop them
         for qf in [f for f in self._files if f.start > frontier]:
             self._drop_file(qf)
+        self._files_changed()
         self.commit_frontier = frontier
         self._skip_leading_blanks()
 
@@ -149,6 +192,7 @@ class ConsumeQueue:
 
     def _drop_file(self, qf: _QueueFile) -> None:
         self._files.remove(qf)
+        self._files_changed()
         qf.close()
         try:
             qf.path.unlink()
@@ -181,6 +225,7 @@ class ConsumeQueue:
         qf = _QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True)
         with self._lock:
             self._files.append(qf)
+            self._files_changed()
         return qf
 
     @property
@@ -202,6 +247,8 @@ class ConsumeQueue:
             self.min_offset = first_offset
             self.commit_frontier = first_offset
             self._pending.clear()
+            self._pending_changed()
+            self._files_changed()
 
     def write(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write one unit at its slot; False if the slot is already below the frontier."""
@@ -224,6 +271,7 @@ class ConsumeQueue:
             if queue_offset != self.commit_frontier:
                 if queue_offset > self.commit_frontier:
                     self._pending.add(queue_offset)
+                    self.table.pending[self.row] = True
                 return False
             self._advance_to(queue_offset + 1)
             return True
@@ -236,6 +284,8 @@ class ConsumeQueue:
             pending.remove(frontier)
             frontier += 1
         self.commit_frontier = frontier
+        if not pending:
+            self.table.pending[self.row] = False
 
     def commit_range(self, first: int, end: int) -> bool:
         """Mark the written slots [first, end) as complete (parallel dispatch: a batch's slots of
@@ -249,6 +299,7 @@ class ConsumeQueue:
             frontier = self.commit_frontier
             if first > frontier:
                 self._pending.update(range(first, end))
+                self.table.pending[self.row] = True
                 return False
             if end <= frontier:
                 return False
@@ -291,6 +342,8 @@ class ConsumeQueue:
             self.min_offset = first_offset
             self.commit_frontier = first_offset
             self._pending.clear()
+            self._pending_changed()
+            self._files_changed()
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write and commit one unit (sequential dispatch); True if the frontier moved."""
@@ -330,6 +383,7 @@ class ConsumeQueue:
                 self._advance_to(last + 1)
                 return True
             self._pending.update(range(first, last + 1))
+            self.table.pending[self.row] = True
             return False
 
     # -- reading ----------------------------------------------------------------------------
@@ -428,6 +482,7 @@ class ConsumeQueue:
         """Drop units whose record starts at or past `commit_log_end`; returns how many slots."""
         with self._lock:
             self._pending = {q for q in self._pending if q < self.commit_frontier}
+            self._pending_changed()
             frontier = self.commit_frontier
             new_frontier = frontier
             while new_frontier > self.min_offset:
@@ -446,6 +501,7 @@ class ConsumeQueue:
                 self._files.remove(qf)
                 qf.close()
                 qf.path.unlink(missing_ok=True)
+            self._files_changed()
             self.commit_frontier = new_frontier
             self.max_physical_offset = 0
             if new_frontier > self.min_offset:
@@ -469,6 +525,7 @@ class ConsumeQueue:
             self.min_offset = lo
             while len(self._files) > 1 and self._files[1].start <= self.min_offset:
                 qf = self._files.pop(0)
+                self._files_changed()
                 qf.close()
                 qf.path.unlink(missing_ok=True)
 
@@ -483,6 +540,7 @@ class ConsumeQueue:
             for qf in self._files:
                 qf.close()
             self._files.clear()
+            self._files_changed()
 
     def destroy(self) -> None:
         self.close()

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import record
 from .commit_log import CommitLog
-from .consume_queue import DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, ConsumeQueue
+from .consume_queue import DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, ConsumeQueue, FrontierTable
 from .scan import RecordColumns, scan
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,7 @@ class ConsumeQueueStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.units_per_file = units_per_file
         self.queues: dict[QueueKey, ConsumeQueue] = {}
+        self.frontiers = FrontierTable()  # every queue's commit frontier, one row each
         self.logics_msg_timestamp = 0
         # set during recovery: an empty queue whose first re-dispatched slot is not 0
         self.late_start: set[QueueKey] = set()
@@ -179,7 +180,7 @@ class ConsumeQueueStore:
             for queue_dir in sorted(topic_dir.iterdir()):
                 if queue_dir.is_dir() and queue_dir.name.lstrip("-").isdigit():
                     key = (topic_dir.name, int(queue_dir.name))
-                    cq = ConsumeQueue(self.root, key[0], key[1], units_per_file)
+                    cq = ConsumeQueue(self.root, key[0], key[1], units_per_file, table=self.frontiers)
                     if cq.is_empty:
                         cq.close()
                     else:
@@ -192,7 +193,7 @@ class ConsumeQueueStore:
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None:
-            cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file)
+            cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file, table=self.frontiers)
             self.queues[key] = cq
         return cq
 

@@ -63,7 +63,7 @@ from typing import Callable
 import numpy as np
 
 from . import record
-from .batch_builder import CRASH_ENV, BatchBuilder, BatchResult, BatchTask, _Channel, _worker_main  # noqa: F401
+from .batch_builder import CRASH_ENV, BatchBuilder, BatchResult, BatchTask, QueueRuns, _Channel, _worker_main  # noqa: F401
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue
 from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchBatch, DispatchStats, QueueKey, dispatch_to, notify_listeners
@@ -180,6 +180,12 @@ class ParallelDispatcher:
         self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
         self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
         self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
+        # the queues' rows in the frontier table, by (topic number << 32 | queue id), sorted
+        self._topic_numbers: dict[str, int] = {}
+        self._code_of: dict[int, int] = {}
+        self._codes = np.zeros(0, np.int64)
+        self._code_rows = np.zeros(0, np.int64)
+        self._row_keys: dict[int, QueueKey] = {}
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
         self._workers: list[_Worker] = []
@@ -275,7 +281,7 @@ class ParallelDispatcher:
                 self._submit(task)
 
     def _empty_result(self, task: BatchTask) -> BatchResult:
-        return BatchResult(task.batch_id, task.begin, self._blank_ends.pop(task.batch_id, task.end), None, 0, 0, [], np.zeros(0, np.int32),
+        return BatchResult(task.batch_id, task.begin, self._blank_ends.pop(task.batch_id, task.end), None, 0, 0, QueueRuns.empty(), np.zeros(0, np.int32),
                            np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def _build_inline(self, task: BatchTask) -> BatchResult:
@@ -371,18 +377,8 @@ class ParallelDispatcher:
         task = self._tasks.pop(head.batch_id)
         self._head_id += 1
         queues = self.queues
-        table = queues.queues
-        for topic, queue_id, first, count, extra in head.queues:
-            key = (topic, queue_id)
-            cq = table.get(key)
-            if cq is None or not cq._files:
-                if cq is None:
-                    cq = table[key] = ConsumeQueue(queues.root, topic, queue_id, queues.units_per_file, load=False)
-                cq.adopt_files(first)
-            if extra is None and cq.advance_run(first, first + count):
-                changes[key] = first + count
-            elif cq.commit_range(first, first + count) | (extra is not None and self._commit_extra(cq, extra)):
-                changes[key] = cq.commit_frontier
+        if len(head.queues):
+            self._commit_runs(head.queues, changes)
         end = head.end
         if self.key_index is not None and len(head.index_hashes):
             self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
@@ -410,6 +406,63 @@ class ParallelDispatcher:
             # or the cut took bytes inside a record for a header; cut again from where it stopped
             self._discard_after(end)
         return head.records
+
+    def _commit_runs(self, runs: QueueRuns, changes: dict[QueueKey, int]) -> None:
+        """Commit the head batch's runs of slots.  A queue whose run starts at its frontier (the
+        rule: every earlier batch is committed), with nothing pending and its files mapped, is
+        advanced in one NumPy assignment for all of them; the others (new queues, runs that are
+        not contiguous) one by one."""
+        table = self.queues.frontiers
+        numbers = np.array([self._topic_number(t) for t in runs.topic_names], dtype=np.int64)
+        codes = (numbers[runs.topic_ids] << 32) | (runs.queue_ids.astype(np.int64) & 0xFFFFFFFF)
+        firsts = runs.firsts
+        ends = firsts + runs.counts
+        rows = np.full(len(codes), -1, dtype=np.int64)
+        if len(self._codes):
+            at = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
+            rows = np.where(self._codes[at] == codes, self._code_rows[at], -1)
+        known = np.maximum(rows, 0)
+        fast = (rows >= 0) & (table.frontiers[known] == firsts) & ~table.pending[known] & (ends <= table.files_end[known])
+        if runs.extras:
+            fast[list(runs.extras)] = False
+        fast_rows = known[fast]
+        table.frontiers[fast_rows] = ends[fast]  # one row per queue in a batch
+        if self.listeners:
+            row_keys = self._row_keys
+            changes.update(zip([row_keys[r] for r in fast_rows.tolist()], ends[fast].tolist()))
+        slow = np.flatnonzero(~fast)
+        if not len(slow):
+            return
+        queues = self.queues
+        cqs = queues.queues
+        registered = False
+        for i in slow.tolist():
+            topic = runs.topic_names[runs.topic_ids[i]]
+            key = (topic, int(runs.queue_ids[i]))
+            first, end = int(firsts[i]), int(ends[i])
+            cq = cqs.get(key)
+            if cq is None or not cq._files:
+                if cq is None:
+                    cq = cqs[key] = ConsumeQueue(queues.root, topic, key[1], queues.units_per_file, load=False, table=table)
+                cq.adopt_files(first)
+            extra = runs.extras.get(i)
+            if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
+                changes[key] = cq.commit_frontier
+            if rows[i] != cq.row and cq.table is table:
+                self._code_of[int(codes[i])] = cq.row
+                self._row_keys[cq.row] = key
+                registered = True
+        if registered:
+            self._codes = np.fromiter(self._code_of.keys(), dtype=np.int64, count=len(self._code_of))
+            self._code_rows = np.fromiter(self._code_of.values(), dtype=np.int64, count=len(self._code_of))
+            order = np.argsort(self._codes)
+            self._codes, self._code_rows = self._codes[order], self._code_rows[order]
+
+    def _topic_number(self, topic: str) -> int:
+        number = self._topic_numbers.get(topic)
+        if number is None:
+            number = self._topic_numbers[topic] = len(self._topic_numbers)
+        return number
 
     @staticmethod
     def _commit_extra(cq: ConsumeQueue, extra: list[int]) -> bool:
