@@ -1,12 +1,16 @@
 """gRPC broker benchmark: the official SDK against `tidemq serve`, and a raw-gRPC load generator.
 
     .venv/bin/python bench/grpc.py [--messages N] [--flush async|sync] [--processes P] [--concurrency C]
+                                   [--sdk-processes P] [--sdk-seconds S]
 
 The server runs in a child process (`tidemq serve`, ephemeral port, temp store); its CPU time is
 read from /proc/<pid>/stat (user + system, all threads) around each phase.  Prints:
 - SDK producer: sync sends from one thread (throughput, latency p50/p99), async sends in flight;
 - SDK simple consumer: receive (batch 32) + ack throughput;
 - send-to-delivery time to a long-polling SDK receiver at light load (p50/p99);
+- is the server the bottleneck for SDK clients: P SDK producer processes (send_async), then P SDK
+  simple-consumer processes (threads of receive + ack), flat out; each client's CPU utilisation
+  (CPU seconds / wall seconds) next to the server's, and CPU per message on both sides;
 - the server CPU of an empty call (Heartbeat): the grpc.aio floor every RPC pays;
 - load generator: P processes x C concurrent raw SendMessage calls, then raw ReceiveMessage(32) +
   AckMessage, first with one message per call (as the SDK does), then batched (B messages per
@@ -167,6 +171,85 @@ def sdk_phases(server: Server, messages: int) -> dict:
     }
 
 
+# -- is the server the bottleneck for SDK clients? ----------------------------------------------------
+
+def _sdk_client(role: str, address: str, topic: str, group: str, seconds: float, window: int, ready, start, out) -> None:
+    """One client process: SDK producer (send_async, `window` in flight) or SDK simple consumers
+    (`window` threads, each receive(32) + ack), flat out for `seconds`.  Reports its own CPU."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    config = ClientConfiguration(address, Credentials())
+    done = 0
+    if role == "producer":
+        client = Producer(config, (topic,))
+        client.startup()
+
+        def make() -> Message:
+            m = Message()
+            m.topic, m.body, m.tag = topic, b"s" * 256, "bench"
+            return m
+
+        for _ in range(20):
+            client.send(make())
+        ready.put(os.getpid())
+        start.wait()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        futures = []
+        while time.perf_counter() - t0 < seconds:
+            futures.append(client.send_async(make()))
+            if len(futures) >= window:
+                futures.pop(0).result()
+                done += 1
+        for f in futures:
+            f.result()
+            done += 1
+    else:
+        client = SimpleConsumer(config, group, {topic: FilterExpression()}, await_duration=2)
+        client.startup()
+        ready.put(os.getpid())
+        start.wait()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        counts = [0] * window
+
+        def consume(k: int) -> None:
+            while time.perf_counter() - t0 < seconds:
+                for m in client.receive(32, 30):
+                    client.ack(m)
+                    counts[k] += 1
+
+        threads = [threading.Thread(target=consume, args=(k,)) for k in range(window)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done = sum(counts)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    client.shutdown()
+    out.put((done, cpu, wall))
+
+
+def sdk_saturation(server: Server, role: str, topic: str, group: str, processes: int, seconds: float, window: int):
+    """`processes` SDK clients of one role run flat out; returns messages/s, each client's CPU
+    utilisation (CPU seconds / wall seconds) and the server's over the same wall time."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_sdk_client, args=(role, server.address, topic, group, seconds, window, ready, start, out))
+             for _ in range(processes)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=120)
+    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+    start.set()
+    results = [out.get(timeout=seconds + 120) for _ in procs]
+    elapsed, cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
+    for p in procs:
+        p.join()
+    messages = max(1, sum(r[0] for r in results))
+    return {"rate": messages / elapsed, "clients": [r[1] / r[2] for r in results], "server": cpu / elapsed,
+            "client_per_msg": sum(r[1] for r in results) / messages, "server_per_msg": cpu / messages}
+
+
 # -- raw gRPC load generator ------------------------------------------------------------------------
 
 def _metadata(i: int):
@@ -303,6 +386,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="concurrent calls per load process")
     parser.add_argument("--batch", type=int, default=32, help="messages per SendMessage / entries per AckMessage "
                         "in the batched load phase (the SDK sends 1)")
+    parser.add_argument("--sdk-processes", type=int, default=2, help="SDK client processes in the saturation phases")
+    parser.add_argument("--sdk-seconds", type=float, default=10, help="length of each saturation phase")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="tidemq-bench-"))
@@ -318,6 +403,19 @@ def main() -> int:
               f"server CPU {sdk['consume_cpu_per_msg'] * 1e6:.0f} us/msg, busy {sdk['consume_busy']:.2f} CPUs")
         print(f"send-to-delivery, long polling    : p50 {sdk['delivery_p50'] * 1e3:.2f} ms  p99 {sdk['delivery_p99'] * 1e3:.2f} ms"
               f"  ({sdk['delivered']} messages; target p99 < 10 ms: {'met' if sdk['delivery_p99'] < 0.010 else 'NOT met'})")
+
+        topic, group = f"BenchSat{uuid.uuid4().hex[:6]}", f"BenchSatGroup{uuid.uuid4().hex[:6]}"
+        for role, window, what in (("producer", 64, "send_async, 64 in flight"),
+                                   ("consumer", 4, "4 threads of receive(32) + ack")):
+            sat = sdk_saturation(server, role, topic, group, args.sdk_processes, args.sdk_seconds, window)
+            clients = " ".join(f"{u:.2f}" for u in sat["clients"])
+            # the server has headroom when it is well under one core (its event loop holds one GIL)
+            # and cheaper per message than the clients together
+            headroom = sat["server"] < 0.7 and sat["server_per_msg"] < sat["client_per_msg"]
+            print(f"SDK {role}s flat out, {args.sdk_processes} processes ({what}): {sat['rate']:6.0f} msg/s\n"
+                  f"    CPU utilisation (CPU s / wall s): clients {clients}, server {sat['server']:.2f};  "
+                  f"CPU per message: clients {sat['client_per_msg'] * 1e6:.0f} us, server {sat['server_per_msg'] * 1e6:.0f} us"
+                  f"  -> {'server has headroom' if headroom else 'THE SERVER IS THE BOTTLENECK'}")
 
         floor = heartbeat_floor(server, 5000)
         print(f"reference: empty Heartbeat calls     : server CPU {floor * 1e6:.0f} us/call (grpc.aio per-call floor here)")
