@@ -139,7 +139,7 @@ class BatchBuilder:
     def build(self, task: BatchTask) -> BatchResult:
         mm = self._segment(task)
         base = task.segment_start
-        columns = scan(mm, task.begin - base, task.end - base, base)
+        columns = scan(mm, task.begin - base, task.end - base, base, keys=self.index_enabled)
         error = None
         end = columns.end
         if end < task.end:

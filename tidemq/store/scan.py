@@ -10,7 +10,7 @@ for every record as NumPy columns:
     queue_ids         i32   QUEUEID           at +12
     queue_offsets     i64   QUEUEOFFSET       at +20
     sysflags          i32   SYSFLAG           at +36
-    store_timestamps  i64   STORETIMESTAMP    at +56 (+68 with an IPv6 born host)
+    store_timestamps  i64   STORETIMESTAMP    at +56, or +68 after an IPv6 born host
     tags_codes        i64   Java hash of the TAGS property, 0 without one
     topics            list[str], and topic_ids (i32, equal ids for equal topics within a scan)
     properties_starts / properties_ends: where each record's properties lie in the buffer,
@@ -24,12 +24,12 @@ from the property bytes (`property_columns`).
 The scan stops at the first position that does not hold a whole valid record ending at or
 before `stop` (a blank, zeros, a torn or corrupt record, or a record running past `stop`):
 `end` says where, and `record.decode` there gives the typed reason.  The checks are exactly
-those of `record.decode(..., check_crc=False)`; the tests hold the two to agreement.
+those of `record.decode(..., check_crc=False)` (PHYSICALOFFSET included); tests hold the two
+to agreement.
 """
 
 from __future__ import annotations
 
-import mmap
 import struct
 from dataclasses import dataclass
 
@@ -75,8 +75,10 @@ class RecordColumns:
     topic_names: list[str]  # topic_names[topic_ids[i]] == topics[i]
     properties_starts: np.ndarray
     properties_ends: np.ndarray
-    unique_key_ranges: tuple[np.ndarray, np.ndarray]  # per row: [first, last) of UNIQ_KEY's value, or -1
-    keys_ranges: tuple[np.ndarray, np.ndarray]  # the same for KEYS
+    # per row: [first, last) of the UNIQ_KEY and KEYS values, or -1 (found with the TAGS when
+    # the scan was asked for keys, else on first use)
+    unique_key_ranges: tuple[np.ndarray, np.ndarray] | None
+    keys_ranges: tuple[np.ndarray, np.ndarray] | None
 
     def __len__(self) -> int:
         return len(self.topics)
@@ -105,6 +107,10 @@ class RecordColumns:
         indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
         b = np.frombuffer(self.buffer, dtype=np.uint8)
         try:
+            if self.keys_ranges is None:
+                self.unique_key_ranges, self.keys_ranges = property_ranges(
+                    b, self.properties_starts, self.properties_ends, [UNIQ_KEY, KEYS]
+                )
             return index_entries(
                 self.buffer, b, self.unique_key_ranges, self.keys_ranges, indexed,
                 self.topic_ids, self.topic_names, self.offsets, self.store_timestamps,
@@ -153,11 +159,12 @@ def _walk(buf, pos: int, stop: int, soft_stop: int) -> list[int]:
 _topics: dict[bytes, str] = {}
 
 
-def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None) -> RecordColumns:
+def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False) -> RecordColumns:
     """Decode the dispatch fields of every whole valid record in `buf[start:stop]`, following
     the chain from `start` (a record boundary).  `base_offset` is the commit-log offset of
     `buf[0]`.  With `soft_stop`, no record starting at or past it is taken (records may still
-    run on to `stop`)."""
+    run on to `stop`).  With `keys`, the UNIQ_KEY and KEYS values are located with the TAGS (for
+    a caller that will ask for `index_keys`)."""
     if isinstance(buf, (bytearray, memoryview)):
         buf = bytes(buf)  # slices must be hashable bytes; the hot path scans mmaps
     stop = min(stop, len(buf))
@@ -224,8 +231,8 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         topic_ids.append(tid)
     b = np.frombuffer(buf, dtype=np.uint8)
     try:
-        tags, uniq, keys = property_ranges(b, properties_at[:count], ends[:count], [TAGS, UNIQ_KEY, KEYS])
-        codes = tags_codes(buf, b, *tags)
+        ranges = property_ranges(b, properties_at[:count], ends[:count], [TAGS, UNIQ_KEY, KEYS] if keys else [TAGS])
+        codes = tags_codes(buf, b, *ranges[0])
     finally:
         del b
     pos = pos[:count]
@@ -246,8 +253,8 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         topic_names=list(names),
         properties_starts=properties_at[:count],
         properties_ends=ends[:count],
-        unique_key_ranges=uniq,
-        keys_ranges=keys,
+        unique_key_ranges=ranges[1] if keys else None,
+        keys_ranges=ranges[2] if keys else None,
     )
 
 
