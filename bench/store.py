@@ -36,13 +36,16 @@ SEGMENT = 256 << 20
 QUEUES = 8
 
 
-def bench_append(root: Path, body_size: int, count: int, batch: int = 1) -> tuple[float, int]:
-    """Seconds to put `count` messages from one thread (async flush), and log bytes written."""
+def bench_append(root: Path, body_size: int, count: int, batch: int = 1) -> tuple[float, int, float, float]:
+    """Seconds to put `count` messages from one thread (async flush), log bytes written, seconds
+    until all is dispatched, and the store process's CPU seconds until then (every thread; the
+    dispatch worker processes not included)."""
     directory = root / f"append-{body_size}-{batch}"
     body = os.urandom(body_size)
     with MessageStore(directory, StoreConfig(segment_size=SEGMENT)) as store:
         messages = [Message(topic="bench", body=body, queue_id=i % QUEUES, tags="t%d" % (i % 4)) for i in range(count)]
         start = time.perf_counter()
+        cpu = time.process_time()
         if batch == 1:
             put = store.put
             for m in messages:
@@ -55,7 +58,8 @@ def bench_append(root: Path, body_size: int, count: int, batch: int = 1) -> tupl
         written = store.commit_log.write_position - store.commit_log.min_offset
         store.wait_dispatched(120)
         until_dispatched = time.perf_counter() - start
-    return elapsed, written, until_dispatched
+        cpu = time.process_time() - cpu
+    return elapsed, written, until_dispatched, cpu
 
 
 def bench_plain(root: Path, total_bytes: int, chunk: int) -> float:
@@ -164,8 +168,8 @@ def main() -> None:
     try:
         results = {}
         for body_size in (128, 1024):
-            elapsed, written, dispatched = bench_append(root, body_size, args.messages)
-            b_elapsed, _, b_dispatched = bench_append(root, body_size, args.messages, batch=32)
+            elapsed, written, dispatched, cpu = bench_append(root, body_size, args.messages)
+            b_elapsed, _, b_dispatched, b_cpu = bench_append(root, body_size, args.messages, batch=32)
             plain = bench_plain(root, written, written // args.messages)
             rate, b_rate = args.messages / elapsed, args.messages / b_elapsed
             mbps, b_mbps = written / elapsed / 1e6, written / b_elapsed / 1e6
@@ -175,11 +179,13 @@ def main() -> None:
             results[body_size] = (rate, mbps, b_rate, b_mbps, plain_mbps, d_rate)
             print(
                 f"append {body_size:>5} B async, put:          {rate:>10,.0f} msg/s {mbps:>8.1f} MB/s"
-                f"  (all dispatched after {dispatched:.2f}s: {args.messages / dispatched:,.0f} msg/s)"
+                f"  (all dispatched after {dispatched:.2f}s: {args.messages / dispatched:,.0f} msg/s;"
+                f" store process CPU {cpu / args.messages * 1e6:.2f} us/msg)"
             )
             print(
                 f"append {body_size:>5} B async, put_batch 32: {b_rate:>10,.0f} msg/s {b_mbps:>8.1f} MB/s"
-                f"  (all dispatched after {b_dispatched:.2f}s: {args.messages / b_dispatched:,.0f} msg/s)"
+                f"  (all dispatched after {b_dispatched:.2f}s: {args.messages / b_dispatched:,.0f} msg/s;"
+                f" store process CPU {b_cpu / args.messages * 1e6:.2f} us/msg)"
             )
             print(f"plain sequential writes, same bytes:  {written / (written // args.messages) / plain:>10,.0f} writes/s {plain_mbps:>8.1f} MB/s")
             print(f"dispatch of that log, 1 dispatcher:  {d_rate:>10,.0f} entries/s ({d_rate / rate:.2f}x the put rate)")
