@@ -63,7 +63,7 @@ from typing import Callable
 import numpy as np
 
 from . import record
-from .batch_builder import CRASH_ENV, BatchBuilder, BatchResult, BatchTask, QueueRuns, _Channel, _worker_main  # noqa: F401
+from .batch_builder import CRASH_ENV, BatchBuilder, BatchResult, BatchTask, QueueRuns, _Channel  # noqa: F401 (CRASH_ENV: tests)
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue
 from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchBatch, DispatchStats, QueueKey, dispatch_to, notify_listeners
