@@ -216,6 +216,15 @@ def test_fuzz_decode_never_raises(data, pos):
     assert isinstance(result, (Record, EndOfSegment, EndOfData, Invalid))
 
 
+@pytest.mark.parametrize("v6_bits", [record.FLAG_BORNHOST_V6, record.FLAG_STOREHOST_V6, record.FLAG_BORNHOST_V6 | record.FLAG_STOREHOST_V6])
+def test_a_record_too_short_for_the_ipv6_header_its_sysflag_claims_is_invalid(v6_bits):
+    raw = bytearray(record.encode(topic="t", body=b""))  # 92 bytes: room for IPv4 hosts only
+    struct.pack_into(">i", raw, record.SYSFLAG_POSITION, v6_bits)
+    result = record.decode(bytes(raw), 0)
+    assert type(result) is Invalid
+    assert "smaller than its" in result.reason and result.size == len(raw)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 300), st.integers(0, 7), st.sampled_from([0x01, 0x10, 0x80]))
 def test_fuzz_bit_flips_are_detected_or_harmless(index, bit, _):

@@ -3,7 +3,6 @@ records, the same fields, the same stopping point, on random logs and on every t
 
 from __future__ import annotations
 
-import struct
 
 import numpy as np
 from hypothesis import given, settings
@@ -76,11 +75,7 @@ def reference(buf, start: int, stop: int, base: int) -> tuple[list[DispatchReque
     requests = []
     pos = start
     while True:
-        try:
-            rec = record.decode(buf, pos, base_offset=base, check_crc=False, read_body=False)
-        except struct.error:
-            # record.decode unpacks an IPv6 header that runs past a short buffer's end: not a record
-            break
+        rec = record.decode(buf, pos, base_offset=base, check_crc=False, read_body=False)
         if type(rec) is not record.Record or pos + rec.total_size > stop:
             break
         requests.append(DispatchRequest.from_record(rec))

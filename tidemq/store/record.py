@@ -313,6 +313,8 @@ def decode(
         return Invalid(offset, total_size, f"record size {total_size} does not fit the {available} bytes left")
     sysflag = _I32.unpack_from(buf, pos + SYSFLAG_POSITION)[0]
     header = header_struct(bool(sysflag & FLAG_BORNHOST_V6), bool(sysflag & FLAG_STOREHOST_V6))
+    if header.size + 3 > total_size:  # header, a topic length and a properties length at least
+        return Invalid(offset, total_size, f"record size {total_size} is smaller than its {header.size}-byte header")
     (
         _,
         _,
