@@ -126,12 +126,6 @@ def _ms(timestamp) -> int:
     return timestamp.seconds * 1000 + timestamp.nanos // 1_000_000
 
 
-def delivered_message(rec: record.Record, namespace: str, handle: str, attempt: int, invisible_ms: int) -> pb.Message:
-    m = pb.Message()
-    fill_delivered_message(m, rec, namespace, handle, attempt, invisible_ms)
-    return m
-
-
 def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, handle: str, attempt: int,
                            invisible_ms: int) -> None:
     """Write a delivered record into the empty message `m` (in place: the caller passes the
