@@ -266,6 +266,27 @@ def test_a_worker_killed_mid_batch_is_replaced_and_its_batch_rebuilt(tmp_path, m
     assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
 
 
+def test_workers_that_always_die_give_way_to_the_dispatch_thread(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(CRASH_ENV, "5:")  # every worker dies after writing 5 units
+    layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    sequential_build(log, tmp_path / "sequential", units=64)
+    cqs = ConsumeQueueStore(tmp_path / "parallel" / "consumequeue", 64)
+    index = KeyIndex(tmp_path / "parallel" / "index", 64, 200)
+    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=8 * 1024, inline_bytes=0)
+    try:
+        with caplog.at_level("ERROR", logger="tidemq.store.parallel_dispatch"):
+            dispatcher.dispatch_until(log.write_position)
+        assert dispatcher.dispatched_offset == log.write_position
+        assert dispatcher.inline_batches > 0 and dispatcher.worker_pids() == []
+        assert sum("building the indexes on the dispatch thread" in r.message for r in caplog.records) == 1
+    finally:
+        dispatcher.close()
+        cqs.close()
+        index.close()
+    assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
+
+
 def test_store_with_workers_serves_every_queue_in_order(tmp_path):
     cfg = StoreConfig(segment_size=256 * 1024, consume_queue_units=500, dispatch_workers=2,
                       index_hash_slots=512, index_max_entries=4000)

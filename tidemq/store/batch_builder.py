@@ -278,12 +278,13 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
     builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
     builder.coordinator_pid = os.getppid()
     # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
-    # dies after writing N units of its first batch
+    # dies after writing N units of its first batch; "N:" without a marker: every worker does
     crash = os.environ.get(CRASH_ENV)
     if crash:
         count, _, marker = crash.partition(":")
         try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            if marker:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             builder.exit_after_units = int(count)
         except FileExistsError:
             pass

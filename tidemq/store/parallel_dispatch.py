@@ -77,6 +77,7 @@ MIN_RECORD_SIZE = 91
 
 DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
+MAX_WORKER_DEATHS_IN_A_ROW = 4
 
 
 _MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
@@ -193,6 +194,8 @@ class ParallelDispatcher:
         self.inline_batches = 0
         self.worker_batches = 0
         self.workers_restarted = 0
+        self._deaths_in_a_row = 0  # worker deaths since a worker last answered
+        self._workers_failing = False  # too many: every batch is built on the dispatch thread
         self._closed = False
 
     # -- the public face of Dispatcher ---------------------------------------------------------
@@ -275,7 +278,7 @@ class ParallelDispatcher:
             self._tasks[task.batch_id] = task
             if task.end == task.begin:
                 self._done[task.batch_id] = self._empty_result(task)
-            elif backlog <= self.inline_bytes and len(self._tasks) == 1:
+            elif self._workers_failing or (backlog <= self.inline_bytes and len(self._tasks) == 1):
                 self._done[task.batch_id] = self._build_inline(task)
             else:
                 self._submit(task)
@@ -337,6 +340,7 @@ class ParallelDispatcher:
                 try:
                     while worker.conn.poll():
                         result = worker.conn.recv()
+                        self._deaths_in_a_row = 0
                         if worker.tasks.pop(result.batch_id, None) is not None:
                             results.append(result)
                 except (EOFError, OSError):  # the pipe closed: the worker died
@@ -345,11 +349,26 @@ class ParallelDispatcher:
         return results
 
     def _replace(self, dead: _Worker) -> None:
+        dead.conn.close()
+        self._deaths_in_a_row += 1
+        if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
+            # workers that cannot finish a batch (a broken install, no memory): stop starting
+            # them, and build on this thread, slower but without losing or reordering anything
+            if not self._workers_failing:
+                log.error(
+                    "dispatch workers died %d times in a row without answering (last: pid %s, exit code %s); "
+                    "building the indexes on the dispatch thread from now on",
+                    self._deaths_in_a_row, dead.pid, dead.process.returncode,
+                )
+            self._workers_failing = True
+            self._workers.remove(dead)
+            for batch_id, task in sorted(dead.tasks.items()):
+                self._done[batch_id] = self._build_inline(task)
+            return
         log.warning(
             "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
             dead.pid, dead.process.returncode, len(dead.tasks),
         )
-        dead.conn.close()
         replacement = self._start_worker()
         self.workers_restarted += 1
         self._workers[self._workers.index(dead)] = replacement
