@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from tidemq.store import record
 from tidemq.store.dispatch import DispatchRequest
 from tidemq.store.index_file import key_hashes
+from tidemq.store import scan as scan_module
 from tidemq.store.scan import scan
 
 NAMES = ["TAGS", "KEYS", record.PROPERTY_UNIQ_KEY, "a", "XTAGS", "TAG", "KEYSX"]
@@ -96,6 +97,17 @@ def expected_index(requests: list[DispatchRequest]):
 
 
 def check_agrees(buf, start: int, stop: int, base: int) -> None:
+    """Both ways `scan` works, vectorized and one record at a time, agree with the codec."""
+    default = scan_module.SMALL_SCAN
+    try:
+        for threshold in (0, 1 << 30):
+            scan_module.SMALL_SCAN = threshold
+            check_agrees_once(buf, start, stop, base)
+    finally:
+        scan_module.SMALL_SCAN = default
+
+
+def check_agrees_once(buf, start: int, stop: int, base: int) -> None:
     requests, end = reference(bytes(buf), start, stop, base)
     columns = scan(buf, start, stop, base)
     assert columns.end == end

@@ -41,16 +41,25 @@ from .record import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     PROPERTY_KEYS,
+    PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     TRANSACTION_ROLLBACK,
     TRANSACTION_TYPE_MASK,
     decode_properties,
+    java_string_hash,
 )
 
 MIN_RECORD_SIZE = 91  # v1, IPv4 hosts, empty body, topic and properties
 HEADER_SIZE_V4 = 88  # TOTALSIZE .. BODYLEN with IPv4 hosts; each IPv6 host adds 12
 
 _I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_FIXED = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG
+# up to this many records, `scan` decodes one record at a time (NumPy's per-call cost would
+# dominate); tests set it to 0 to cross-check the vectorized path on small inputs too
+SMALL_SCAN = 16
+_java_hash_uncached = java_string_hash.__wrapped__  # message keys are unique: keep them out of its cache
 
 _SEPARATOR = b"\x02"
 
@@ -98,6 +107,28 @@ class RecordColumns:
         raw = self.property(i, PROPERTY_KEYS)
         return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
 
+    def _index_keys_small(self, indexed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`index_keys` one record at a time (see SMALL_SCAN)."""
+        buf = self.buffer
+        hashes: list[int] = []
+        rows: list[int] = []
+        for i in np.flatnonzero(indexed).tolist():
+            start, end = int(self.properties_starts[i]), int(self.properties_ends[i])
+            keys = []
+            first, last = property_range(buf, start, end, PROPERTY_UNIQ_KEY)
+            if last > first:
+                keys.append(bytes(buf[first:last]).decode("utf-8", "replace"))
+            first, last = property_range(buf, start, end, PROPERTY_KEYS)
+            if last > first:
+                keys.extend(k for k in bytes(buf[first:last]).decode("utf-8", "replace").split(KEY_SEPARATOR) if k)
+            topic = self.topics[i]
+            for key in keys:
+                h = _java_hash_uncached(f"{topic}#{key}")
+                hashes.append(0 if h == -0x80000000 else abs(h))  # as IndexFile keeps it
+                rows.append(i)
+        taken = np.array(rows, dtype=np.int64)
+        return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
+
     def index_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The key index's entries for these rows, in order: (abs Java hash of "topic#key" as
         IndexFile keeps it, commit-log offset, store timestamp) for the UNIQ_KEY and then each
@@ -105,6 +136,8 @@ class RecordColumns:
         if not len(self):
             return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
+        if len(self) <= SMALL_SCAN:
+            return self._index_keys_small(indexed)
         b = np.frombuffer(self.buffer, dtype=np.uint8)
         try:
             if self.keys_ranges is None:
@@ -171,6 +204,8 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     positions = _walk(buf, start, stop, stop if soft_stop is None else soft_stop)
     if not positions:
         return _empty(buf, base_offset, base_offset + start)
+    if len(positions) <= SMALL_SCAN:
+        return _scan_small(buf, positions, base_offset, keys)
     pos = np.array(positions, dtype=np.int64)
     # views from the first record on: every field lies below `stop`
     lo = positions[0]
@@ -258,9 +293,92 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     )
 
 
-def property_value(buf, start: int, end: int, name: str) -> str | None:
-    """The value of property `name` in `buf[start:end]` as `record.decode_properties` would give
-    it (the last segment of that name; undecodable bytes replaced), or None."""
+def _scan_small(buf, positions: list[int], base_offset: int, keys: bool) -> RecordColumns:
+    """`scan` for a few records, one at a time in Python: NumPy's fixed cost per call would
+    dominate (a dispatch round of one record, the common case at light load).  Same checks,
+    same columns."""
+    rows: list[tuple] = []
+    topic_cache = _topics
+    end = positions[0]
+    for pos in positions:
+        size, magic, _, queue_id, _, queue_offset, physical_offset, sysflag = _FIXED.unpack_from(buf, pos)
+        record_end = pos + size
+        header_size = HEADER_SIZE_V4 + (12 if sysflag & 0x10 else 0) + (12 if sysflag & 0x20 else 0)
+        v2 = magic == MESSAGE_MAGIC_CODE_V2
+        if not (v2 or magic == MESSAGE_MAGIC_CODE) or header_size + 3 > size or physical_offset != pos + base_offset:
+            break
+        body_length = _I32.unpack_from(buf, pos + header_size - 4)[0]
+        topic_length_at = pos + header_size + body_length
+        if body_length < 0 or topic_length_at + 1 + v2 > record_end:
+            break
+        topic_length = _I16.unpack_from(buf, topic_length_at)[0] if v2 else buf[topic_length_at]
+        topic_at = topic_length_at + 1 + v2
+        properties_at = topic_at + topic_length + 2
+        if topic_length < 0 or properties_at > record_end:
+            break
+        properties_length = _I16.unpack_from(buf, properties_at - 2)[0]
+        if properties_length < 0 or properties_at + properties_length != record_end:
+            break
+        raw = buf[topic_at : topic_at + topic_length]
+        topic = topic_cache.get(raw)
+        if topic is None:
+            try:
+                topic = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                break  # record.decode calls this record Invalid
+            if len(topic_cache) > 65536:
+                topic_cache.clear()
+            topic_cache[raw] = topic
+        store_timestamp = _I64.unpack_from(buf, pos + (68 if sysflag & 0x10 else 56))[0]
+        tags_first, tags_last = property_range(buf, properties_at, record_end, PROPERTY_TAGS)
+        if tags_last > tags_first:
+            tags = bytes(buf[tags_first:tags_last]).decode("utf-8", "replace")
+            tags_code = java_string_hash(tags)
+        else:
+            tags_code = 0
+        rows.append((pos, size, queue_id, queue_offset, sysflag, store_timestamp, tags_code, topic, properties_at, record_end))
+        end = record_end
+    if not rows:
+        return _empty(buf, base_offset, base_offset + positions[0])
+    pos_, sizes, queue_ids, queue_offsets, sysflags, store_timestamps, codes, topics, starts, ends = map(list, zip(*rows))
+    names: dict[str, int] = {}
+    topic_ids = [names.setdefault(t, len(names)) for t in topics]
+    starts_array = np.array(starts, dtype=np.int64)
+    ends_array = np.array(ends, dtype=np.int64)
+    columns = RecordColumns(
+        buffer=buf,
+        base_offset=base_offset,
+        end=base_offset + end,
+        positions=np.array(pos_, dtype=np.int64),
+        offsets=np.array(pos_, dtype=np.int64) + base_offset,
+        sizes=np.array(sizes, dtype=np.int32),
+        queue_ids=np.array(queue_ids, dtype=np.int32),
+        queue_offsets=np.array(queue_offsets, dtype=np.int64),
+        sysflags=np.array(sysflags, dtype=np.int32),
+        store_timestamps=np.array(store_timestamps, dtype=np.int64),
+        tags_codes=np.array(codes, dtype=np.int64),
+        topics=topics,
+        topic_ids=np.array(topic_ids, dtype=np.int32),
+        topic_names=list(names),
+        properties_starts=starts_array,
+        properties_ends=ends_array,
+        unique_key_ranges=None,
+        keys_ranges=None,
+    )
+    if keys:
+        columns.unique_key_ranges = _value_ranges(buf, starts, ends, PROPERTY_UNIQ_KEY)
+        columns.keys_ranges = _value_ranges(buf, starts, ends, PROPERTY_KEYS)
+    return columns
+
+
+def _value_ranges(buf, starts: list[int], ends: list[int], name: str) -> tuple[np.ndarray, np.ndarray]:
+    found = [property_range(buf, first, last, name) for first, last in zip(starts, ends)]
+    return np.array([f for f, _ in found], dtype=np.int64), np.array([l for _, l in found], dtype=np.int64)
+
+
+def property_range(buf, start: int, end: int, name: str) -> tuple[int, int]:
+    """[first, last) of the value of property `name` in `buf[start:end]` (the last segment of
+    that name, as `record.decode_properties` keeps it), or (-1, -1)."""
     key = name.encode("utf-8")
     inside = b"\x02" + key + b"\x01"
     at = buf.rfind(inside, start - 1, end)  # start >= 91: a match at start - 1 begins a segment at start
@@ -269,6 +387,13 @@ def property_value(buf, start: int, end: int, name: str) -> str | None:
     elif buf.find(key + b"\x01", start, min(start + len(key) + 1, end)) == start:
         at = start + len(key) + 1
     else:
-        return None
+        return -1, -1
     value_end = buf.find(_SEPARATOR, at, end)
-    return bytes(buf[at : end if value_end < 0 else value_end]).decode("utf-8", "replace")
+    return at, end if value_end < 0 else value_end
+
+
+def property_value(buf, start: int, end: int, name: str) -> str | None:
+    """The value of property `name` in `buf[start:end]` as `record.decode_properties` would give
+    it (undecodable bytes replaced), or None."""
+    first, last = property_range(buf, start, end, name)
+    return None if first < 0 else bytes(buf[first:last]).decode("utf-8", "replace")
