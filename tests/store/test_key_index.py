@@ -72,6 +72,31 @@ def test_index_file_layout(tmp_path):
 
 @settings(max_examples=60, deadline=None)
 @given(
+    entries=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 90_000)), min_size=1, max_size=80),
+    chunks=st.lists(st.integers(1, 40), min_size=1, max_size=20),
+    slots=st.integers(1, 16),
+)
+def test_appends_of_any_size_write_the_bytes_of_one_append(tmp_path_factory, entries, chunks, slots):
+    """A few entries are appended one at a time, many with NumPy: the file is the same."""
+    directory = tmp_path_factory.mktemp("chunks")
+    hashes = np.array([h for h, _ in entries], dtype=np.int32)
+    phys = np.arange(len(entries), dtype=np.int64) * 100 + 100
+    times = BASE_TS + np.cumsum([t for _, t in entries]).astype(np.int64)
+    whole = IndexFile(directory / "whole", hash_slots=slots, max_entries=100, create=True)
+    assert whole.append(hashes, phys, times) == len(entries)
+    pieces = IndexFile(directory / "pieces", hash_slots=slots, max_entries=100, create=True)
+    done, sizes = 0, itertools.cycle(chunks)
+    while done < len(entries):
+        size = next(sizes)
+        assert pieces.append(hashes[done : done + size], phys[done : done + size], times[done : done + size]) == min(size, len(entries) - done)
+        done += size
+    assert bytes(pieces.mm) == bytes(whole.mm)
+    whole.close()
+    pieces.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
     records=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 3)), min_size=2, max_size=60),
     cut=st.integers(1, 59),
     slots=st.integers(1, 16),

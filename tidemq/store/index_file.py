@@ -44,6 +44,8 @@ assert ENTRY_DTYPE.itemsize == ENTRY_SIZE and HEADER_SIZE == 40
 DEFAULT_HASH_SLOTS = 5_000_000
 DEFAULT_MAX_ENTRIES = 20_000_000
 INT_MAX = 0x7FFFFFFF
+SMALL_APPEND = 16  # up to this many entries, `append` writes them one at a time
+_I32 = struct.Struct(">i")
 
 
 def file_size(hash_slots: int, max_entries: int) -> int:
@@ -190,6 +192,8 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
             return 0
+        if n <= SMALL_APPEND:
+            return self._append_small(*(np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)), count)
         hashes = np.asarray(hashes[:n], dtype=np.int64)
         phys = np.asarray(phys[:n], dtype=np.int64)
         timestamps = np.asarray(timestamps[:n], dtype=np.int64)
@@ -220,6 +224,31 @@ class IndexFile:
         self.slots[slot_sorted[last]] = index_sorted[last]
         HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[-1]), begin_phy, int(phys[-1]), slots_count, count + n)
         return n
+
+    def _append_small(self, hashes: list[int], phys: list[int], timestamps: list[int], count: int) -> int:
+        """`append` one entry at a time (a few entries: NumPy's fixed cost would dominate); the
+        same bytes: a slot's head is followed if it is an entry below indexCount or one written
+        by this call."""
+        begin_ts, _, begin_phy, _, slots_count, _ = self.header()
+        if count == 1:
+            begin_ts, begin_phy = timestamps[0], phys[0]
+        mm = self.mm
+        slots_at = HEADER_SIZE
+        entries_at = HEADER_SIZE + self.hash_slots * SLOT_SIZE
+        written: set[int] = set()
+        index = count
+        for key_hash, phy, timestamp in zip(hashes, phys, timestamps):
+            slot = key_hash % self.hash_slots
+            head = _I32.unpack_from(mm, slots_at + slot * SLOT_SIZE)[0]
+            if not (0 < head < count or head in written):
+                head = 0
+            diff = min(max((timestamp - begin_ts) // 1000, 0), INT_MAX) if begin_ts > 0 else 0
+            ENTRY.pack_into(mm, entries_at + index * ENTRY_SIZE, key_hash, phy, diff, head)
+            _I32.pack_into(mm, slots_at + slot * SLOT_SIZE, index)
+            written.add(index)
+            index += 1
+        HEADER.pack_into(mm, 0, begin_ts, timestamps[-1], begin_phy, phys[-1], slots_count, index)
+        return len(hashes)
 
     def truncate(self, commit_log_end: int, store_time_of) -> int:
         """Drop the entries of records at or past `commit_log_end`, restoring the chains, the
