@@ -25,6 +25,7 @@ from .scan import scan
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 CRASH_EXIT_CODE = 75
+SMALL_BATCH = 16  # up to this many records, units are written one at a time
 
 
 @dataclass(slots=True)
@@ -173,6 +174,8 @@ class BatchBuilder:
     def _write_units(self, columns) -> QueueRuns:
         """Write every queue entry of `columns` at its slot; returns, per queue, the slots
         written."""
+        if len(columns) <= SMALL_BATCH:
+            return self._write_units_small(columns)
         kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
         rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
         if not len(rows):
@@ -209,7 +212,7 @@ class BatchBuilder:
             key = (topic, queue_id)
             upf = upf_of.get(key) or self._queue_units_per_file(key)
             if crash_test or not whole:
-                run_count, extra = self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop])
+                run_count, extra = self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop].tolist())
                 runs.counts[group] = run_count
                 if extra is not None:
                     runs.extras[group] = extra
@@ -236,14 +239,47 @@ class BatchBuilder:
                     done += n
         return runs
 
-    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: np.ndarray) -> tuple[int, list[int] | None]:
-        """One unit at a time, for a queue whose slots in the batch are not one contiguous run."""
+    def _write_units_small(self, columns) -> QueueRuns:
+        """`_write_units` for a few records (NumPy's fixed cost would dominate): one unit at a
+        time, the queues in the same order."""
+        groups: dict[int, tuple[int, int, list[int], list[tuple[int, int, int]]]] = {}
+        for sysflag, topic_id, queue_id, slot, unit in zip(
+            columns.sysflags.tolist(), columns.topic_ids.tolist(), columns.queue_ids.tolist(), columns.queue_offsets.tolist(),
+            zip(columns.offsets.tolist(), columns.sizes.tolist(), columns.tags_codes.tolist()),
+        ):
+            kind = sysflag & record.TRANSACTION_TYPE_MASK
+            if kind == record.TRANSACTION_NOT or kind == record.TRANSACTION_COMMIT:
+                # ordered as _write_units orders its groups: by topic id, then queue id as unsigned
+                _, _, slots, units = groups.setdefault((topic_id << 32) | (queue_id & 0xFFFFFFFF), (topic_id, queue_id, [], []))
+                slots.append(slot)
+                units.append(unit)
+        if not groups:
+            return QueueRuns.empty()
+        names = columns.topic_names
+        topic_ids, queue_ids, firsts, counts, extras = [], [], [], [], {}
+        for group, code in enumerate(sorted(groups)):
+            topic_id, queue_id, slots, units = groups[code]
+            key = (names[topic_id], queue_id)
+            upf = self._units_per_file.get(key) or self._queue_units_per_file(key)
+            count, extra = self._write_slots(key[0], queue_id, upf, slots, units)
+            topic_ids.append(topic_id)
+            queue_ids.append(queue_id)
+            firsts.append(slots[0])
+            counts.append(count)
+            if extra is not None:
+                extras[group] = extra
+        return QueueRuns(names, np.array(topic_ids, np.int32), np.array(queue_ids, np.int32), np.array(firsts, np.int64),
+                         np.array(counts, np.int64), extras)
+
+    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: list[tuple[int, int, int]]) -> tuple[int, list[int] | None]:
+        """One unit at a time, for a queue whose slots in the batch are not one contiguous run
+        (or a small batch): `units` are (commit-log offset, size, tags code)."""
         files = self._files
         unit_pack = UNIT.pack_into
         run_first = slots[0]
         run_next = run_first
         extra = None
-        for slot, unit in zip(slots, units.tolist()):
+        for slot, unit in zip(slots, units):
             file_start = slot - slot % upf
             qmm = files.get((topic, queue_id, file_start))
             if qmm is None:
