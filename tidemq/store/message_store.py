@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple
 
 from . import record
 from .checkpoint import Checkpoint
-from .commit_log import DEFAULT_SEGMENT_SIZE, WARM_AHEAD, CommitLog
+from .commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
 from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
 from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
@@ -192,9 +192,7 @@ class MessageStore:
         self.checkpoint_path = self.directory / "checkpoint"
         abnormal = self.abort_path.exists()
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
-        # under sync flush every fsync would also write back the warmed pages ahead: no warming
-        warm_ahead = 0 if cfg.flush == FLUSH_SYNC else WARM_AHEAD
-        self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size, warm_ahead)
+        self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size)
         self.consume_queues = ConsumeQueueStore(self.directory / "consumequeue", cfg.consume_queue_units)
         self._append_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
