@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -246,28 +247,11 @@ def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
     assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
 
 
-def test_a_worker_killed_mid_batch_is_replaced_and_its_batch_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv(CRASH_ENV, f"25:{tmp_path / 'crashed'}")
-    layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
-    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
-    sequential_build(log, tmp_path / "sequential", units=64)
-    cqs = ConsumeQueueStore(tmp_path / "parallel" / "consumequeue", 64)
-    index = KeyIndex(tmp_path / "parallel" / "index", 64, 200)
-    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=8 * 1024, inline_bytes=0)
-    try:
-        dispatcher.dispatch_until(log.write_position)
-        assert (tmp_path / "crashed").exists()
-        assert dispatcher.workers_restarted == 1
-        assert dispatcher.dispatched_offset == log.write_position
-    finally:
-        dispatcher.close()
-        cqs.close()
-        index.close()
-    assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
-
-
-def test_workers_that_always_die_give_way_to_the_dispatch_thread(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv(CRASH_ENV, "5:")  # every worker dies after writing 5 units
+@pytest.mark.parametrize("every_worker", [False, True], ids=["one worker dies once", "every worker dies"])
+def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_path, monkeypatch, caplog, every_worker):
+    # one worker dies after writing 25 units of its first batch; or every worker after 5, so
+    # that the coordinator stops starting them and builds on the dispatch thread
+    monkeypatch.setenv(CRASH_ENV, "5:" if every_worker else f"25:{tmp_path / 'crashed'}")
     layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
     log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
     sequential_build(log, tmp_path / "sequential", units=64)
@@ -278,8 +262,12 @@ def test_workers_that_always_die_give_way_to_the_dispatch_thread(tmp_path, monke
         with caplog.at_level("ERROR", logger="tidemq.store.parallel_dispatch"):
             dispatcher.dispatch_until(log.write_position)
         assert dispatcher.dispatched_offset == log.write_position
-        assert dispatcher.inline_batches > 0 and dispatcher.worker_pids() == []
-        assert sum("building the indexes on the dispatch thread" in r.message for r in caplog.records) == 1
+        given_way = sum("building the indexes on the dispatch thread" in r.message for r in caplog.records)
+        if every_worker:
+            assert given_way == 1 and dispatcher.inline_batches > 0 and dispatcher.worker_pids() == []
+        else:
+            assert (tmp_path / "crashed").exists()
+            assert dispatcher.workers_restarted == 1 and given_way == 0
     finally:
         dispatcher.close()
         cqs.close()

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from . import record
-from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, file_name
-from .dispatch import QueueKey
+from .consume_queue import UNIT, UNIT_SIZE, file_name
+from .dispatch import QueueKey, group_by_queue
 from .scan import scan
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
@@ -180,16 +180,7 @@ class BatchBuilder:
         rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
         if not len(rows):
             return QueueRuns.empty()
-        queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
-        order = np.argsort(queue_keys, kind="stable")
-        rows = rows[order]
-        sorted_keys = queue_keys[order]
-        bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
-        slots = columns.queue_offsets[rows]
-        units = np.empty(len(rows), dtype=UNIT_DTYPE)
-        units["offset"] = columns.offsets[rows]
-        units["size"] = columns.sizes[rows]
-        units["tags_code"] = columns.tags_codes[rows]
+        rows, bounds, slots, units = group_by_queue(columns, rows)
         starts = np.array([0] + bounds, dtype=np.int64)
         stops = np.array(bounds + [len(rows)], dtype=np.int64)
         # a group is one contiguous run when no slot inside it breaks the +1 sequence

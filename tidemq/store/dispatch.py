@@ -130,6 +130,22 @@ def dispatch_to(sink, batch: DispatchBatch, changes: dict[QueueKey, int]) -> Non
         sink.dispatch(batch.requests, changes)
 
 
+def group_by_queue(columns: RecordColumns, rows: np.ndarray) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray]:
+    """`rows` of a columnar batch grouped by queue (topic id, then queue id as unsigned; log
+    order within a queue): the rows in that order, where each group after the first starts,
+    each row's slot (queue offset) and its ConsumeQueue unit (UNIT_DTYPE)."""
+    queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
+    order = np.argsort(queue_keys, kind="stable")
+    rows = rows[order]
+    sorted_keys = queue_keys[order]
+    bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
+    units = np.empty(len(rows), dtype=UNIT_DTYPE)
+    units["offset"] = columns.offsets[rows]
+    units["size"] = columns.sizes[rows]
+    units["tags_code"] = columns.tags_codes[rows]
+    return rows, bounds, columns.queue_offsets[rows], units
+
+
 def notify_listeners(listeners: list[ArrivalListener], changes: dict[QueueKey, int]) -> None:
     """Tell every listener which queues' frontiers moved; a listener's bug must not stop dispatch."""
     for listener in listeners:
@@ -227,16 +243,7 @@ class ConsumeQueueStore:
         rows = np.flatnonzero(entry)
         if not len(rows):
             return
-        queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
-        order = np.argsort(queue_keys, kind="stable")
-        rows = rows[order]
-        sorted_keys = queue_keys[order]
-        bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
-        slots = columns.queue_offsets[rows]
-        units = np.empty(len(rows), dtype=UNIT_DTYPE)
-        units["offset"] = columns.offsets[rows]
-        units["size"] = columns.sizes[rows]
-        units["tags_code"] = columns.tags_codes[rows]
+        rows, bounds, slots, units = group_by_queue(columns, rows)
         names = columns.topic_names
         topic_ids = columns.topic_ids[rows].tolist()
         queue_ids = columns.queue_ids[rows].tolist()
