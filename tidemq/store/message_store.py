@@ -400,7 +400,7 @@ class MessageStore:
         try:
             if self._closed:
                 raise StoreClosedError("the store is closed")
-            prepared = [self._prepare(message)]
+            prepared = (self._prepare(message),)
             stored: list[PutResult] = []
             with self._append_lock:
                 if self._closed:
@@ -412,7 +412,12 @@ class MessageStore:
                 result = stored[0]
                 end = result.commit_log_offset + result.size
                 self._last_written = (end, result.store_timestamp)
-            self._await_durable(end, blocking, on_durable, result)
+            if group_commit is None and on_durable is None:  # async flush: wake the dispatcher
+                if not self._dispatch_event_set:
+                    self._dispatch_event_set = True
+                    self._dispatch_event.set()
+            else:
+                self._await_durable(end, blocking, on_durable, result)
         finally:
             if blocking:
                 group_commit.end()
@@ -461,7 +466,7 @@ class MessageStore:
                     self._last_written = (last.commit_log_offset + last.size, store_timestamp)
         return results, self._last_written[0]
 
-    def _append_locked(self, messages, prepared: list[tuple], store_timestamp: int, results: list[PutResult]) -> None:
+    def _append_locked(self, messages, prepared, store_timestamp: int, results: list[PutResult]) -> None:
         """Assign each message its queue offset and write its record at the log's end, in order,
         adding its PutResult to `results` once written (so after an OSError part way, `results`
         holds exactly the stored ones).  The append lock is held."""
