@@ -78,6 +78,7 @@ MIN_RECORD_SIZE = 91
 DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
 MAX_WORKER_DEATHS_IN_A_ROW = 4
+SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time
 
 
 _MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
@@ -430,35 +431,43 @@ class ParallelDispatcher:
         """Commit the head batch's runs of slots.  A queue whose run starts at its frontier (the
         rule: every earlier batch is committed), with nothing pending and its files mapped, is
         advanced in one NumPy assignment for all of them; the others (new queues, runs that are
-        not contiguous) one by one."""
+        not contiguous), and every queue of a batch that touches only a few, one by one."""
         table = self.queues.frontiers
-        numbers = np.array([self._topic_number(t) for t in runs.topic_names], dtype=np.int64)
-        codes = (numbers[runs.topic_ids] << 32) | (runs.queue_ids.astype(np.int64) & 0xFFFFFFFF)
-        firsts = runs.firsts
-        ends = firsts + runs.counts
-        rows = np.full(len(codes), -1, dtype=np.int64)
-        if len(self._codes):
-            at = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
-            rows = np.where(self._codes[at] == codes, self._code_rows[at], -1)
-        known = np.maximum(rows, 0)
-        fast = (rows >= 0) & (table.frontiers[known] == firsts) & ~table.pending[known] & (ends <= table.files_end[known])
-        if runs.extras:
-            fast[list(runs.extras)] = False
-        fast_rows = known[fast]
-        table.frontiers[fast_rows] = ends[fast]  # one row per queue in a batch
-        if self.listeners:
-            row_keys = self._row_keys
-            changes.update(zip([row_keys[r] for r in fast_rows.tolist()], ends[fast].tolist()))
-        slow = np.flatnonzero(~fast)
-        if not len(slow):
-            return
+        if len(runs) <= SMALL_COMMIT:
+            # a few queues: committing them one at a time costs less than NumPy's setup
+            numbers = [self._topic_number(t) for t in runs.topic_names]
+            codes = [(numbers[t] << 32) | (q & 0xFFFFFFFF) for t, q in zip(runs.topic_ids.tolist(), runs.queue_ids.tolist())]
+            code_of = self._code_of
+            firsts = runs.firsts.tolist()
+            slow = [(i, code, code_of.get(code, -1), first, first + count)
+                    for i, (code, first, count) in enumerate(zip(codes, firsts, runs.counts.tolist()))]
+        else:
+            numbers = np.array([self._topic_number(t) for t in runs.topic_names], dtype=np.int64)
+            code_array = (numbers[runs.topic_ids] << 32) | (runs.queue_ids.astype(np.int64) & 0xFFFFFFFF)
+            first_array = runs.firsts
+            end_array = first_array + runs.counts
+            rows = np.full(len(code_array), -1, dtype=np.int64)
+            if len(self._codes):
+                at = np.minimum(np.searchsorted(self._codes, code_array), len(self._codes) - 1)
+                rows = np.where(self._codes[at] == code_array, self._code_rows[at], -1)
+            known = np.maximum(rows, 0)
+            fast = (rows >= 0) & (table.frontiers[known] == first_array) & ~table.pending[known] & (end_array <= table.files_end[known])
+            if runs.extras:
+                fast[list(runs.extras)] = False
+            fast_rows = known[fast]
+            table.frontiers[fast_rows] = end_array[fast]  # one row per queue in a batch
+            if self.listeners:
+                row_keys = self._row_keys
+                changes.update(zip([row_keys[r] for r in fast_rows.tolist()], end_array[fast].tolist()))
+            slow = [(i, int(code_array[i]), int(rows[i]), int(first_array[i]), int(end_array[i])) for i in np.flatnonzero(~fast).tolist()]
+            if not slow:
+                return
         queues = self.queues
         cqs = queues.queues
         registered = False
-        for i in slow.tolist():
+        for i, code, row, first, end in slow:
             topic = runs.topic_names[runs.topic_ids[i]]
             key = (topic, int(runs.queue_ids[i]))
-            first, end = int(firsts[i]), int(ends[i])
             cq = cqs.get(key)
             if cq is None or not cq._files:
                 if cq is None:
@@ -467,8 +476,8 @@ class ParallelDispatcher:
             extra = runs.extras.get(i)
             if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
                 changes[key] = cq.commit_frontier
-            if rows[i] != cq.row and cq.table is table:
-                self._code_of[int(codes[i])] = cq.row
+            if row != cq.row and cq.table is table:
+                self._code_of[code] = cq.row
                 self._row_keys[cq.row] = key
                 registered = True
         if registered:
