@@ -19,7 +19,9 @@ for every record as NumPy columns:
 Only the walk along the chain (one 4-byte read per record) and the topic (a slice and a cached
 decode) are per-record Python work; the fixed fields and every layout check are gathered with
 NumPy from the record positions, and the TAGS codes and key-index hashes are computed in bulk
-from the property bytes (`property_columns`).
+from the property bytes (`property_columns`).  Up to SMALL_SCAN records (a dispatch round at
+light load) are decoded one at a time instead, into the same columns: there NumPy's fixed cost
+per call would be most of the work.
 
 The scan stops at the first position that does not hold a whole valid record ending at or
 before `stop` (a blank, zeros, a torn or corrupt record, or a record running past `stop`):
