@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .property_columns import powers_of_31
 from .record import java_string_hash
 
 HEADER = struct.Struct(">qqqqii")
@@ -66,23 +67,6 @@ def index_key(topic: str, key: str) -> str:
 # Key hashes
 
 
-_POW31 = np.ones(1, dtype=np.uint32)
-
-
-def _powers_of_31(n: int) -> np.ndarray:
-    """31**i mod 2**32 for i < n."""
-    global _POW31
-    if len(_POW31) < n:
-        size = max(n, 2 * len(_POW31))
-        powers = np.empty(size, dtype=np.uint64)
-        value = 1
-        for i in range(size):
-            powers[i] = value
-            value = (value * 31) & 0xFFFFFFFF
-        _POW31 = powers.astype(np.uint32)
-    return _POW31
-
-
 def key_hash(text: str) -> int:
     """abs(Java hashCode) as IndexFile stores it; Integer.MIN_VALUE maps to 0."""
     h = java_string_hash(text)
@@ -108,7 +92,7 @@ def key_hashes(texts: list[str]) -> np.ndarray:
         starts = ends - lengths
         # weight of a character: 31 ** (characters after it in its string), all mod 2**32
         after = np.repeat(ends, lengths) - 1 - np.arange(len(chars), dtype=np.int64)
-        products = chars * _powers_of_31(int(lengths.max()))[after]
+        products = chars * powers_of_31(int(lengths.max()))[after]
         sums = np.add.reduceat(products, starts, dtype=np.uint32)
         out[np.asarray(ascii_positions, dtype=np.int64)] = sums.view(np.int32)
     signed = out.astype(np.uint32).view(np.int32).astype(np.int64)
