@@ -238,11 +238,15 @@ class ConsumeQueue:
         the slots before `first_offset` get the blank unit, as RocketMQ pads a late first file."""
         if self._files:
             raise ValueError(f"{self.topic}/{self.queue_id} already has files")
-        start = first_offset - first_offset % self.units_per_file
-        qf = self._add_file(start)
-        count = first_offset - start
+        self._add_file(first_offset - first_offset % self.units_per_file)
+        self._start_at(first_offset)
+
+    def _start_at(self, first_offset: int) -> None:
+        """Pad the slots below `first_offset` in the first file with the blank unit (as RocketMQ
+        pads a late first file) and make it the queue's minimum and commit frontier."""
+        count = first_offset % self.units_per_file
         if count:
-            qf.mm[0 : count * UNIT_SIZE] = BLANK_UNIT * count
+            self._files[0].mm[0 : count * UNIT_SIZE] = BLANK_UNIT * count
         with self._lock:
             self.min_offset = first_offset
             self.commit_frontier = first_offset
@@ -335,15 +339,7 @@ class ConsumeQueue:
                 qf.close()
             self._files.clear()
             self._add_file(start)
-        count = first_offset - start
-        if count:
-            self._files[0].mm[0 : count * UNIT_SIZE] = BLANK_UNIT * count
-        with self._lock:
-            self.min_offset = first_offset
-            self.commit_frontier = first_offset
-            self._pending.clear()
-            self._pending_changed()
-            self._files_changed()
+        self._start_at(first_offset)
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write and commit one unit (sequential dispatch); True if the frontier moved."""
