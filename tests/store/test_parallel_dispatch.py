@@ -3,6 +3,7 @@ worker processes, and crashes of a worker and of the whole store."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -226,25 +227,33 @@ def test_dispatched_offset_never_passes_an_unfinished_batch(tmp_path):
 # Real worker processes
 
 
-def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
-    rng = random.Random(7)
-    layout = [("hot", 0)] * 1500 + [(f"t{rng.randrange(4)}", rng.randrange(300)) for _ in range(1500)]
-    rng.shuffle(layout)
-    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+@contextlib.contextmanager
+def two_workers_against_one_thread(tmp_path: Path, log: CommitLog, batch_bytes: int):
+    """A ParallelDispatcher with 2 worker processes (nothing built inline) building under
+    tmp_path/parallel; once the block is done, its files must equal the single thread's."""
     sequential_build(log, tmp_path / "sequential", units=64)
     cqs = ConsumeQueueStore(tmp_path / "parallel" / "consumequeue", 64)
     index = KeyIndex(tmp_path / "parallel" / "index", 64, 200)
-    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=16 * 1024, inline_bytes=0)
+    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=batch_bytes, inline_bytes=0)
     try:
-        assert dispatcher.dispatch_until(log.write_position) == len(layout)
-        pids = dispatcher.worker_pids()
-        assert len(pids) == 2 and os.getpid() not in pids  # built by other processes
-        assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
+        yield dispatcher
     finally:
         dispatcher.close()
         cqs.close()
         index.close()
     assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
+
+
+def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
+    rng = random.Random(7)
+    layout = [("hot", 0)] * 1500 + [(f"t{rng.randrange(4)}", rng.randrange(300)) for _ in range(1500)]
+    rng.shuffle(layout)
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
+        assert dispatcher.dispatch_until(log.write_position) == len(layout)
+        pids = dispatcher.worker_pids()
+        assert len(pids) == 2 and os.getpid() not in pids  # built by other processes
+        assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
 
 
 @pytest.mark.parametrize("every_worker", [False, True], ids=["one worker dies once", "every worker dies"])
@@ -254,11 +263,7 @@ def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_pat
     monkeypatch.setenv(CRASH_ENV, "5:" if every_worker else f"25:{tmp_path / 'crashed'}")
     layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
     log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
-    sequential_build(log, tmp_path / "sequential", units=64)
-    cqs = ConsumeQueueStore(tmp_path / "parallel" / "consumequeue", 64)
-    index = KeyIndex(tmp_path / "parallel" / "index", 64, 200)
-    dispatcher = ParallelDispatcher(log, cqs, index, 0, 2, batch_bytes=8 * 1024, inline_bytes=0)
-    try:
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
         with caplog.at_level("ERROR", logger="tidemq.store.parallel_dispatch"):
             dispatcher.dispatch_until(log.write_position)
         assert dispatcher.dispatched_offset == log.write_position
@@ -268,11 +273,6 @@ def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_pat
         else:
             assert (tmp_path / "crashed").exists()
             assert dispatcher.workers_restarted == 1 and given_way == 0
-    finally:
-        dispatcher.close()
-        cqs.close()
-        index.close()
-    assert same_tree(tmp_path / "sequential", tmp_path / "parallel") == []
 
 
 def test_store_with_workers_serves_every_queue_in_order(tmp_path):
