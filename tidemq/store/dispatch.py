@@ -52,18 +52,16 @@ class DispatchRequest:
 
     @classmethod
     def from_record(cls, rec: record.Record) -> "DispatchRequest":
-        properties = rec.properties
-        tags = properties.get(record.PROPERTY_TAGS)
         return cls(
-            rec.topic,
-            rec.queue_id,
-            rec.commit_log_offset,
-            rec.total_size,
-            record.java_string_hash(tags) if tags else 0,
-            rec.store_timestamp,
-            rec.queue_offset,
-            rec.sysflag,
-            properties,
+            topic=rec.topic,
+            queue_id=rec.queue_id,
+            commit_log_offset=rec.commit_log_offset,
+            size=rec.total_size,
+            tags_code=record.tags_code(rec.properties.get(record.PROPERTY_TAGS)),
+            store_timestamp=rec.store_timestamp,
+            queue_offset=rec.queue_offset,
+            sysflag=rec.sysflag,
+            properties=rec.properties,
         )
 
     @classmethod

@@ -68,8 +68,9 @@ def index_key(topic: str, key: str) -> str:
 
 
 def key_hash(text: str) -> int:
-    """abs(Java hashCode) as IndexFile stores it; Integer.MIN_VALUE maps to 0."""
-    h = java_string_hash(text)
+    """abs(Java hashCode) as IndexFile stores it; Integer.MIN_VALUE maps to 0.  Message keys
+    are mostly unique: they bypass java_string_hash's cache, which is for tags."""
+    h = java_string_hash.__wrapped__(text)
     return 0 if h == -0x80000000 else abs(h)
 
 

@@ -366,7 +366,7 @@ def decode(
     if check_crc and (crc32(body) & 0x7FFFFFFF) != body_crc:
         return Invalid(offset, total_size, "body CRC mismatch")
     try:
-        topic = _decode_topic(topic_bytes)
+        topic = decode_topic(topic_bytes)
     except UnicodeDecodeError:
         return Invalid(offset, total_size, "topic is not valid UTF-8")
     # positional, in field order (this is the dispatcher's and the data source's hot path)
@@ -392,7 +392,8 @@ def decode(
 
 
 @lru_cache(maxsize=65536)
-def _decode_topic(raw: bytes) -> str:
+def decode_topic(raw: bytes) -> str:
+    """A topic's UTF-8 bytes as text, cached (a log holds few topics); raises UnicodeDecodeError."""
     return raw.decode("utf-8")
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .index_file import key_hash
 from .property_columns import KEYS, TAGS, UNIQ_KEY, index_entries, property_ranges, tags_codes
 from .record import (
     KEY_SEPARATOR,
@@ -48,7 +49,8 @@ from .record import (
     TRANSACTION_ROLLBACK,
     TRANSACTION_TYPE_MASK,
     decode_properties,
-    java_string_hash,
+    decode_topic,
+    tags_code,
 )
 
 MIN_RECORD_SIZE = 91  # v1, IPv4 hosts, empty body, topic and properties
@@ -61,7 +63,6 @@ _FIXED = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG
 # up to this many records, `scan` decodes one record at a time (NumPy's per-call cost would
 # dominate); tests set it to 0 to cross-check the vectorized path on small inputs too
 SMALL_SCAN = 16
-_java_hash_uncached = java_string_hash.__wrapped__  # message keys are unique: keep them out of its cache
 
 _SEPARATOR = b"\x02"
 
@@ -125,8 +126,7 @@ class RecordColumns:
                 keys.extend(k for k in bytes(buf[first:last]).decode("utf-8", "replace").split(KEY_SEPARATOR) if k)
             topic = self.topics[i]
             for key in keys:
-                h = _java_hash_uncached(f"{topic}#{key}")
-                hashes.append(0 if h == -0x80000000 else abs(h))  # as IndexFile keeps it
+                hashes.append(key_hash(f"{topic}#{key}"))
                 rows.append(i)
         taken = np.array(rows, dtype=np.int64)
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
@@ -190,10 +190,6 @@ def _walk(buf, pos: int, stop: int, soft_stop: int) -> list[int]:
     return positions
 
 
-# bytes -> (topic, id), bytes -> tags code: shared by every scan of the process
-_topics: dict[bytes, str] = {}
-
-
 def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False) -> RecordColumns:
     """Decode the dispatch fields of every whole valid record in `buf[start:stop]`, following
     the chain from `start` (a record boundary).  `base_offset` is the commit-log offset of
@@ -248,19 +244,12 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     topics: list[str] = []
     topic_ids: list[int] = []
     names: dict[str, int] = {}
-    topic_cache = _topics
     for i, (t0, t1) in enumerate(zip(topic_at[:count].tolist(), (properties_at[:count] - 2).tolist())):
-        raw = buf[t0:t1]
-        topic = topic_cache.get(raw)
-        if topic is None:
-            try:
-                topic = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                count = i  # record.decode calls this record Invalid
-                break
-            if len(topic_cache) > 65536:
-                topic_cache.clear()
-            topic_cache[raw] = topic
+        try:
+            topic = decode_topic(buf[t0:t1])
+        except UnicodeDecodeError:
+            count = i  # record.decode calls this record Invalid
+            break
         topics.append(topic)
         tid = names.get(topic)
         if tid is None:
@@ -300,7 +289,6 @@ def _scan_small(buf, positions: list[int], base_offset: int, keys: bool) -> Reco
     dominate (a dispatch round of one record, the common case at light load).  Same checks,
     same columns."""
     rows: list[tuple] = []
-    topic_cache = _topics
     end = positions[0]
     for pos in positions:
         size, magic, _, queue_id, _, queue_offset, physical_offset, sysflag = _FIXED.unpack_from(buf, pos)
@@ -321,24 +309,13 @@ def _scan_small(buf, positions: list[int], base_offset: int, keys: bool) -> Reco
         properties_length = _I16.unpack_from(buf, properties_at - 2)[0]
         if properties_length < 0 or properties_at + properties_length != record_end:
             break
-        raw = buf[topic_at : topic_at + topic_length]
-        topic = topic_cache.get(raw)
-        if topic is None:
-            try:
-                topic = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                break  # record.decode calls this record Invalid
-            if len(topic_cache) > 65536:
-                topic_cache.clear()
-            topic_cache[raw] = topic
+        try:
+            topic = decode_topic(buf[topic_at : topic_at + topic_length])
+        except UnicodeDecodeError:
+            break  # record.decode calls this record Invalid
         store_timestamp = _I64.unpack_from(buf, pos + (68 if sysflag & 0x10 else 56))[0]
-        tags_first, tags_last = property_range(buf, properties_at, record_end, PROPERTY_TAGS)
-        if tags_last > tags_first:
-            tags = bytes(buf[tags_first:tags_last]).decode("utf-8", "replace")
-            tags_code = java_string_hash(tags)
-        else:
-            tags_code = 0
-        rows.append((pos, size, queue_id, queue_offset, sysflag, store_timestamp, tags_code, topic, properties_at, record_end))
+        tags = property_value(buf, properties_at, record_end, PROPERTY_TAGS)
+        rows.append((pos, size, queue_id, queue_offset, sysflag, store_timestamp, tags_code(tags), topic, properties_at, record_end))
         end = record_end
     if not rows:
         return _empty(buf, base_offset, base_offset + positions[0])
