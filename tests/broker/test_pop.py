@@ -344,3 +344,15 @@ def test_released_deliveries_come_back_after_a_second(harness):
     harness.clock.advance(harness.broker.config.offline_invisible_time_ms)
     again = harness.receive("G", "T")
     assert bodies(again) == [got[0].record.body] and again[0].delivery_attempt == 2
+
+
+def test_a_message_the_store_refuses_fails_alone_in_its_batch(harness):
+    from tidemq.broker import Publish
+
+    harness.store.config.max_message_size = 1000  # the store refuses what the broker let through
+    batch = [Publish(topic="T", body=body, message_id=f"ID{i}") for i, body in enumerate([b"a", b"x" * 2000, b"c"])]
+    first, refused, last = harness.run(harness.broker.send_batch(batch))
+    assert isinstance(refused, BrokerError) and refused.code == Code.BAD_REQUEST
+    assert (first.message_id, last.message_id) == ("ID0", "ID2")
+    harness.store.wait_dispatched()
+    assert bodies(harness.receive("G", "T")) == [b"a", b"c"]

@@ -89,18 +89,26 @@ class Publisher:
                 born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
             )))
         if accepted:
-            try:
-                stored = await self.put([m for _, m in accepted])
-            except BrokerError as exc:
-                stored, failure = [], exc
-            for n, (i, message) in enumerate(accepted):
-                if n < len(stored):
-                    put = stored[n]
-                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset)
+            outcomes = await self._store([m for _, m in accepted])
+            for (i, message), put in zip(accepted, outcomes):
+                if isinstance(put, BrokerError):
+                    results[i] = put
                 else:
-                    results[i] = failure
-            self.stats["sent"] += len(stored)
+                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset)
+                    self.stats["sent"] += 1
         return results
+
+    async def _store(self, messages: list[Message]) -> list:
+        """Per message, its store result or why it was not stored.  The store takes a batch
+        whole or not at all when a message is invalid: then each is stored on its own, so one
+        bad message does not fail the others.  After a failure part way, the first ones stand."""
+        try:
+            return await self.put(messages)
+        except BrokerError as exc:
+            if exc.code == Code.BAD_REQUEST and len(messages) > 1:
+                return [put for m in messages for put in await self._store([m])]
+            stored = exc.stored
+            return stored + [exc] * (len(messages) - len(stored))
 
     def _next_write_queue(self, topic: TopicConfig) -> int:
         qid = self._round_robin.get(topic.name, -1) + 1
@@ -142,7 +150,9 @@ class Publisher:
             raise BrokerError(Code.INTERNAL_SERVER_ERROR, "the broker is shutting down") from None
         except StoreError as exc:
             log.error("store refused a message: %s", exc)
-            raise BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}") from None
+            error = BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}")
+            error.stored = getattr(exc, "results", [])  # a batch that failed part way
+            raise error from None
 
 
 def _remember(valid: set, value, limit: int = 10_000) -> None:

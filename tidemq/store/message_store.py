@@ -427,7 +427,8 @@ class MessageStore:
         """Append several messages under one lock and one durability wait, in order.
 
         Every message is validated first: an InvalidMessageError stores none of them.  A
-        StoreIOError part way says how many were stored (`exc.stored`, the first ones).
+        StoreIOError part way says how many were stored (`exc.stored`, the first ones) and
+        their results (`exc.results`).
         `on_durable(results, error)`, if given, is called once for the whole batch."""
         if not messages:
             return []
@@ -459,6 +460,7 @@ class MessageStore:
                     exc.errno, f"append failed, nothing stored from message {len(results)} of the batch on: {exc.strerror or exc}"
                 )
                 error.stored = len(results)
+                error.results = list(results)
                 raise error from exc
             finally:
                 if results:
