@@ -17,10 +17,11 @@ def _store_inspect(args: argparse.Namespace) -> int:
     for s in segments:
         print(f"  {s.name}  {s.used:>12} / {s.size} bytes  {s.records} records")
     covered = max((q.max_physical_offset for q in queues), default=0)
-    print(f"dispatch lag: {max(0, log_end - covered)} bytes behind the log end")
     from .store.lag import offline_lags
 
-    for sink, (behind, millis) in offline_lags(Path(args.dir), log_end, covered).items():
+    lags = offline_lags(Path(args.dir), log_end, covered)
+    print(f"dispatch lag: {max((behind for behind, _ in lags.values()), default=0)} bytes behind the log end, per index:")
+    for sink, (behind, millis) in lags.items():
         print(f"  {sink}: {behind} bytes, {millis} ms behind")
     print(f"queues: {len(queues)}")
     for q in queues:

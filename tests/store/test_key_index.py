@@ -268,3 +268,9 @@ def test_dispatch_lag_per_sink_live_and_offline(tmp_path, capsys):
     line = next(x for x in out.splitlines() if "key_index:" in x)
     behind_bytes, behind_ms = int(line.split()[1]), int(line.split()[3])
     assert 0 < behind_bytes < log.write_position and behind_ms > 0
+    # a damaged newest index file: inspect still reports, without the key index
+    remaining = sorted((store_dir / "index").iterdir())[-1]
+    remaining.write_bytes(remaining.read_bytes()[:10])
+    assert cli_main(["store", "inspect", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "consume_queue: 0 bytes, 0 ms behind" in out and "key_index:" not in out

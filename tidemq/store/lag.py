@@ -11,9 +11,13 @@
 
 from __future__ import annotations
 
+import logging
+import mmap
 from pathlib import Path
 
 from . import record
+
+log = logging.getLogger(__name__)
 
 
 def sink_lags(dispatcher, confirmed: int, newest_timestamp: int) -> dict[str, tuple[int, int]]:
@@ -47,20 +51,18 @@ def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str,
 
     segments = {int(p.name): p for p in segment_paths(store_dir)}
     size = next(iter(segments.values())).stat().st_size if segments else 0
+    maps: dict[int, mmap.mmap] = {}  # each segment mapped once
 
     def read(offset: int) -> record.Record | None:
-        if not size:
+        base = offset - offset % size if size else 0
+        if base not in segments:
             return None
-        path = segments.get(offset - offset % size)
-        if path is None:
-            return None
-        import mmap
-
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            rec = record.decode(mm, offset % size, base_offset=offset - offset % size, check_crc=False, read_body=False, read_properties=False)
-            if type(rec) is not record.Record:
-                return None
-            return rec
+        mm = maps.get(base)
+        if mm is None:
+            with open(segments[base], "rb") as f:
+                mm = maps[base] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        rec = record.decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False, read_properties=False)
+        return rec if type(rec) is record.Record else None
 
     def newest_before(end: int) -> int:
         """Store time of the record that ends at `end` (0 if none): scan its segment."""
@@ -76,19 +78,27 @@ def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str,
             offset += rec.total_size
         return last
 
-    newest = newest_before(log_end)
-    out = {}
-    index_paths = _index_paths(Path(store_dir) / "index")
-    covered = {"consume_queue": queue_covered}
-    if index_paths:
-        last_file = IndexFile(index_paths[-1], 1, 2, create=False, read_only=True)
-        try:
-            end_phy = last_file.end_phy
-        finally:
-            last_file.close()
-        rec = read(end_phy)
-        covered["key_index"] = end_phy + rec.total_size if rec is not None else end_phy
-    for name, offset in covered.items():
-        behind = max(0, log_end - offset)
-        out[name] = (behind, max(0, newest - newest_before(offset)) if behind else 0)
-    return out
+    try:
+        newest = newest_before(log_end)
+        out = {}
+        covered = {"consume_queue": queue_covered}
+        index_paths = _index_paths(Path(store_dir) / "index")
+        if index_paths:
+            try:
+                last_file = IndexFile(index_paths[-1], 1, 2, create=False, read_only=True)
+            except ValueError as exc:  # a damaged index file: `tidemq store check` says more
+                log.warning("key index not measured: %s", exc)
+            else:
+                try:
+                    end_phy = last_file.end_phy if last_file.entry_count else 0
+                finally:
+                    last_file.close()
+                rec = read(end_phy) if end_phy else None
+                covered["key_index"] = end_phy + rec.total_size if rec is not None else end_phy
+        for name, offset in covered.items():
+            behind = max(0, log_end - offset)
+            out[name] = (behind, max(0, newest - newest_before(offset)) if behind else 0)
+        return out
+    finally:
+        for mm in maps.values():
+            mm.close()
