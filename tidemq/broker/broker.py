@@ -192,9 +192,6 @@ class Broker:
 
     # -- send -----------------------------------------------------------------------------------
 
-    def check_publish(self, msg: Publish) -> TopicConfig:
-        return self.publisher.check(msg)
-
     async def send(self, msg: Publish, peer_host: str = "127.0.0.1") -> SendResult:
         (result,) = await self.publisher.send_batch([msg], peer_host)
         if isinstance(result, BrokerError):
@@ -382,10 +379,9 @@ class Broker:
         return sub, d
 
     def ack(self, group: str, topic: str, handle: str) -> None:
-        sub, d = self._delivery(group, topic, handle)
-        sub.finish(d.queue_id, d.queue_offset)
-        self.journal.append(["f", group, topic, d.queue_id, d.queue_offset])
-        self.stats["acked"] += 1
+        (error,) = self.ack_many(group, topic, [handle])
+        if error is not None:
+            raise error
 
     def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
         """Ack several deliveries with one journal line; per handle None or why it failed."""

@@ -8,6 +8,7 @@ from hashlib import md5
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
+from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
 from ...broker.validation import RESERVED_PROPERTIES
 from ...store import record
 
@@ -34,7 +35,7 @@ def status(code: Code | int, message: str = "") -> pb.Status:
 OK = status(Code.OK, "OK")
 
 
-_PREFIXES = ("%RETRY%", "%DLQ%")
+_PREFIXES = (RETRY_PREFIX, DLQ_PREFIX)
 NAMESPACE_SEPARATOR = "%"
 
 
