@@ -101,3 +101,23 @@ def test_rebuild_in_place_refuses_a_store_in_use(spark, tmp_path):
         assert queue_files(store / "consumequeue") == before
     finally:
         os.close(fd)
+
+
+def test_writing_the_key_index_again_replaces_it(tmp_path):
+    """A retried writer task (or a second run into the same directory) leaves one index, not two."""
+    import pyarrow as pa
+
+    from tidemq.pipeline.key_index import append_entries
+    from tidemq.store.key_index import KeyIndex
+
+    batch = pa.RecordBatch.from_pydict({
+        "topic": ["t", "t"], "key": ["k1", "k2"], "commit_log_offset": [0, 200],
+        "size": [200, 200], "store_ms": [1_700_000_000_000, 1_700_000_000_001],
+    })
+    for _ in range(2):
+        append_entries(iter([batch]), str(tmp_path / "index"), 64, 100)
+    index = KeyIndex(tmp_path / "index", 64, 100, read_only=True)
+    try:
+        assert sum(f.entry_count for f in index.files) == 2
+    finally:
+        index.close()

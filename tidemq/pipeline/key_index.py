@@ -10,6 +10,7 @@ byte-identical to what the store's dispatcher builds.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -19,24 +20,25 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from ..store import record
-from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, HEADER, HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE, key_hashes
-from ..store.key_index import KeyIndex
+from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, key_hashes
+from ..store.key_index import KeyIndex, index_paths
 
 SINK_NAME = "tidemq-keyindex"
 INDEX_COLUMNS = "topic,commit_log_offset,size,store_timestamp,unique_key,keys,sysflag"
 
 
 def index_geometry(directory: Path) -> tuple[int, int] | None:
-    """(hash slots, max entries) of an existing index's files, which keep their geometry."""
-    if not directory.is_dir():
-        return None
-    for path in sorted(directory.iterdir()):
-        if path.name.isdigit() and len(path.name) == 17 and path.stat().st_size > HEADER_SIZE:
-            with open(path, "rb") as f:
-                slots = HEADER.unpack(f.read(HEADER_SIZE))[4]
-            size = path.stat().st_size
-            if slots > 0 and size > HEADER_SIZE + slots * SLOT_SIZE:
-                return slots, (size - HEADER_SIZE - slots * SLOT_SIZE) // ENTRY_SIZE
+    """(hash slots, max entries) of an existing index's files, which keep their geometry: read
+    by `IndexFile` from the first file it accepts."""
+    for path in index_paths(directory):
+        try:
+            index_file = IndexFile(path, 1, 2, create=False, read_only=True)
+        except ValueError:
+            continue  # a damaged or empty file says nothing about the geometry
+        try:
+            return index_file.hash_slots, index_file.max_entries
+        finally:
+            index_file.close()
     return None
 
 
@@ -47,7 +49,9 @@ class IndexSummary(WriterCommitMessage):
 
 
 def append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int) -> IndexSummary:
-    """Entries sorted by (commit-log offset, position in the record) into a fresh KeyIndex."""
+    """Entries sorted by (commit-log offset, position in the record) into a fresh KeyIndex
+    (what a retried task or an earlier run left there is removed first: KeyIndex appends)."""
+    shutil.rmtree(directory, ignore_errors=True)
     index = KeyIndex(Path(directory), hash_slots, max_entries)
     entries = 0
     try:

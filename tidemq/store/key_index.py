@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 MAX_QUERY_RESULTS = 64  # maxMsgsNumBatch
 
 
-def _index_paths(directory: Path) -> list[Path]:
+def index_paths(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 17)
@@ -57,7 +57,7 @@ class KeyIndex:
         self.files: list[IndexFile] = []
         self.indexed_until = 0  # every record below this commit-log offset has been handed over
         self.last_store_timestamp = 0
-        for path in _index_paths(self.directory):
+        for path in index_paths(self.directory):
             try:
                 self.files.append(IndexFile(path, hash_slots, max_entries, create=False, read_only=read_only))
             except (OSError, ValueError) as exc:

@@ -47,7 +47,7 @@ def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str,
     the ConsumeQueues' furthest indexed offset (exact after a clean shutdown)."""
     from .check import segment_paths
     from .index_file import IndexFile
-    from .key_index import _index_paths
+    from .key_index import index_paths
 
     segments = {int(p.name): p for p in segment_paths(store_dir)}
     size = next(iter(segments.values())).stat().st_size if segments else 0
@@ -82,10 +82,10 @@ def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str,
         newest = newest_before(log_end)
         out = {}
         covered = {"consume_queue": queue_covered}
-        index_paths = _index_paths(Path(store_dir) / "index")
-        if index_paths:
+        index_files = index_paths(Path(store_dir) / "index")
+        if index_files:
             try:
-                last_file = IndexFile(index_paths[-1], 1, 2, create=False, read_only=True)
+                last_file = IndexFile(index_files[-1], 1, 2, create=False, read_only=True)
             except ValueError as exc:  # a damaged index file: `tidemq store check` says more
                 log.warning("key index not measured: %s", exc)
             else:
