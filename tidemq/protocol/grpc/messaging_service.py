@@ -30,6 +30,17 @@ def _client_id(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
+def _set_overall_status(response, failed: bool) -> None:
+    """A per-entry response's own status: OK, the entries' one status if they share it, else
+    MULTIPLE_RESULTS."""
+    if not failed:
+        response.status.CopyFrom(convert.OK)
+        return
+    entries = response.entries
+    codes = {e.status.code for e in entries}
+    response.status.CopyFrom(entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS))
+
+
 def _peer_host(context: grpc.aio.ServicerContext) -> str:
     peer = context.peer() or ""  # "ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412"
     _, _, rest = peer.partition(":")
@@ -110,11 +121,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             else:
                 entry = entries.add(message_id=result.message_id, offset=result.queue_offset)
                 entry.status.CopyFrom(convert.OK)
-        if not failed:
-            response.status.CopyFrom(convert.OK)
-        else:
-            codes = {e.status.code for e in entries}
-            response.status.CopyFrom(entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS))
+        _set_overall_status(response, failed)
         return response
 
     @unary(svc.QueryAssignmentResponse)
@@ -191,11 +198,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         for entry, failure in zip(request.entries, failures):
             result = entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle)
             result.status.CopyFrom(convert.OK if failure is None else convert.status(failure.code, failure.message))
-        if not any(failures):
-            response.status.CopyFrom(convert.OK)
-        else:
-            codes = {e.status.code for e in entries}
-            response.status.CopyFrom(entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS))
+        _set_overall_status(response, any(failures))
         return response
 
     async def ChangeInvisibleDuration(self, request, context):
