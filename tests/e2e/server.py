@@ -13,10 +13,16 @@ from rocketmq import ClientConfiguration, Credentials
 
 READY = re.compile(r"tidemq ready: gRPC on ([\d.]+):(\d+)")
 
+# Tests' stores are small: 64 MiB commit-log segments instead of the 1 GiB default (each segment
+# is preallocated on disk), unless a test chooses the size or passes a config file.
+TEST_SEGMENT_SIZE = str(64 << 20)
+
 
 class ServerProcess:
     def __init__(self, store: Path, *args: str) -> None:
         self.store = Path(store)
+        if not any(a in ("--segment-size", "--config") or a.startswith("--segment-size=") for a in args):
+            args = ("--segment-size", TEST_SEGMENT_SIZE, *args)
         self.args = args
         self.process: subprocess.Popen | None = None
         self.port = 0
