@@ -1,5 +1,8 @@
-"""CommitLog appends: records land back to back, warmed ahead in chunks, and roll to the next
-segment with a blank, whatever the warm-ahead setting."""
+"""CommitLog appends: records land back to back, warmed ahead in chunks (inline or by the
+background PageWarmer), and roll to the next segment with a blank, whatever the warm-ahead
+setting."""
+
+import time
 
 import pytest
 
@@ -22,9 +25,19 @@ def encoded(i: int) -> record.EncodedMessage:
     )
 
 
-@pytest.mark.parametrize("warm_ahead", [0, 4096, 64 << 10])
-def test_appends_across_warm_chunks_and_segments_decode_in_order(tmp_path, warm_ahead):
-    log = CommitLog(tmp_path / "commitlog", SEGMENT, warm_ahead)
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    """A bound on how long a test waits for the warmer thread, not a timing assertion."""
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+@pytest.mark.parametrize("warm_ahead,background", [(0, False), (4096, False), (64 << 10, False), (64 << 10, True)])
+def test_appends_across_warm_chunks_and_segments_decode_in_order(tmp_path, warm_ahead, background):
+    log = CommitLog(tmp_path / "commitlog", SEGMENT, warm_ahead, background_warm=background)
     placed = []
     for i in range(1500):  # about 0.9 MB: several segments, many warm chunks each
         message = encoded(i)
@@ -32,7 +45,13 @@ def test_appends_across_warm_chunks_and_segments_decode_in_order(tmp_path, warm_
         placed.append((offset, message.total_size))
         assert log.write_position == offset + message.total_size
     assert len(log.segments) >= 3
-    if warm_ahead:
+    if background:
+        # the warmer thread (appends never warm in this mode) maps the active segment to its
+        # end: it is smaller than the warm-ahead distance
+        active = log.segments[-1]
+        assert wait_until(lambda: active.warm_end == active.size)
+        assert log._warmer.chunks >= 1
+    elif warm_ahead:
         active = log.segments[-1]
         assert active.warm_end % warm_ahead == 0 or active.warm_end == active.size
         assert active.warm_end >= log.write_position - active.start
@@ -61,3 +80,21 @@ def test_reopened_log_appends_after_its_last_record(tmp_path):
     assert log.read_record(offset).queue_offset == 10
     assert type(log.read_record(first[-1])) is record.Record
     log.close()
+
+
+def test_segments_the_warmer_works_on_can_be_deleted_truncated_and_closed(tmp_path):
+    log = CommitLog(tmp_path / "commitlog", SEGMENT, 64 << 10, background_warm=True)
+    offsets = [log.append(encoded(i), i, 1) for i in range(1500)]
+    segments = list(log.segments)
+    deleted = log.delete_segments_before(segments[2].start)
+    assert deleted == segments[:2] and all(s.mm.closed for s in deleted)
+    log.truncate(offsets[800])  # drops the later segments, the active one among them
+    assert all(s.mm.closed for s in segments if s.start > offsets[800])
+    offset = log.append(encoded(9999), 800, 2)  # warming resumes in the segment appended to now
+    assert offset == offsets[800]
+    assert log.read_record(offset).properties[record.PROPERTY_UNIQ_KEY] == "K00009999"
+    active = log.segment_for(offset)
+    assert wait_until(lambda: active.warm_end == active.size)
+    warmer_thread = log._warmer._thread
+    log.close()
+    assert not warmer_thread.is_alive() and all(s.mm.closed for s in segments[2:])

@@ -192,7 +192,7 @@ class MessageStore:
         self.checkpoint_path = self.directory / "checkpoint"
         abnormal = self.abort_path.exists()
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
-        self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size)
+        self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size, background_warm=cfg.flush != FLUSH_SYNC)
         self.consume_queues = ConsumeQueueStore(self.directory / "consumequeue", cfg.consume_queue_units)
         self._append_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
