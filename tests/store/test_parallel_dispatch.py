@@ -21,7 +21,7 @@ from tidemq.store.commit_log import CommitLog
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
-from tidemq.store.parallel_dispatch import CRASH_ENV, BatchBuilder, ParallelDispatcher
+from tidemq.store.parallel_dispatch import CRASH_ENV, BatchBuilder, IndexAppend, ParallelDispatcher
 from trees import same_tree
 
 STORE_HOST = ("127.0.0.1", 10911)
@@ -115,18 +115,26 @@ def test_seed_example_with_range_commits(tmp_path):
 
 class ScriptedDispatcher(ParallelDispatcher):
     """Batches are built by an in-process BatchBuilder, either when submitted or when answered,
-    and answered in an order chosen by `rng`; after every answer the readers' view is checked."""
+    and answered in an order chosen by `rng`; after every answer the readers' view is checked.
+    With `hold_index`, the builder keeps the index entries as a worker process does, and the
+    head's append request is answered among the other answers, at a random point."""
 
-    def __init__(self, *args, rng: random.Random, check, **kwargs) -> None:
+    def __init__(self, *args, rng: random.Random, check, hold_index: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rng = rng
         self.check = check
         self.builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
+        self.builder.hold_index = hold_index
         self.pending: list[tuple] = []
 
     def _submit(self, task) -> None:
         early = self.builder.build(task) if self.rng.random() < 0.5 else None  # written, not answered
         self.pending.append((task, early))
+
+    def _request_append(self, batch_id, path) -> None:
+        assert self._appending == batch_id and path == self._current_index_path()
+        request = IndexAppend(batch_id, path, self.key_index.indexed_until)
+        self.pending.append((request, None))
 
     def _collect(self):
         done = [self._done.pop(i) for i in sorted(self._done)]
@@ -135,7 +143,16 @@ class ScriptedDispatcher(ParallelDispatcher):
         self.rng.shuffle(self.pending)
         take = self.rng.randint(1, len(self.pending))
         chosen, self.pending = self.pending[:take], self.pending[take:]
-        return [early if early is not None else self.builder.build(task) for task, early in chosen]
+        answers = []
+        for task, early in chosen:
+            if type(task) is IndexAppend:
+                answers.append(self.builder.append_index(task))
+            else:
+                result = early if early is not None else self.builder.build(task)
+                if result.index_held:
+                    self._holders[result.batch_id] = None
+                answers.append(result)
+        return answers
 
     def _complete(self, result, changes):
         total = super()._complete(result, changes)
@@ -153,8 +170,9 @@ queue_layouts = st.sampled_from(["many", "few", "hot"])
     workers=st.integers(1, 4),
     batch_bytes=st.integers(300, 6000),
     seed=st.integers(0, 2**32 - 1),
+    hold_index=st.booleans(),
 )
-def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_path_factory, layout, count, workers, batch_bytes, seed):
+def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_path_factory, layout, count, workers, batch_bytes, seed, hold_index):
     base = tmp_path_factory.mktemp("orders")
     rng = random.Random(seed)
     if layout == "many":
@@ -188,11 +206,12 @@ def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_
             frontiers[key] = frontier
 
     dispatcher = ScriptedDispatcher(
-        log, cqs, index, 0, workers, batch_bytes=batch_bytes, inline_bytes=0, rng=rng, check=check
+        log, cqs, index, 0, workers, batch_bytes=batch_bytes, inline_bytes=0, rng=rng, check=check, hold_index=hold_index
     )
     dispatcher.listeners.append(listener)
     dispatcher.dispatch_until(log.write_position)
     assert dispatcher.dispatched_offset == log.write_position
+    assert (dispatcher.worker_appends > 0) == hold_index  # entries appended by the "worker", in order
     assert frontiers == assigned  # every committed entry was announced, up to the last
     for cq in expected.values():
         cq.close()
@@ -254,6 +273,8 @@ def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
         pids = dispatcher.worker_pids()
         assert len(pids) == 2 and os.getpid() not in pids  # built by other processes
         assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
+        # the workers appended the index entries too, over several files (200 entries each)
+        assert dispatcher.worker_appends >= dispatcher.worker_batches and len(list((tmp_path / "parallel" / "index").iterdir())) > 10
 
 
 @pytest.mark.parametrize("every_worker", [False, True], ids=["one worker dies once", "every worker dies"])
@@ -273,6 +294,21 @@ def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_pat
         else:
             assert (tmp_path / "crashed").exists()
             assert dispatcher.workers_restarted == 1 and given_way == 0
+
+
+def test_a_worker_dying_inside_an_index_append_is_undone_and_rebuilt(tmp_path, monkeypatch, caplog):
+    # the first worker started dies in its first append to an index file holding entries, with
+    # the entries and chain heads written but not the header's count (a kill between the two):
+    # the index is cut back and the batch built again
+    monkeypatch.setenv(CRASH_ENV, f"append:{tmp_path / 'crashed'}")
+    layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
+        dispatcher.dispatch_until(log.write_position)
+        assert (tmp_path / "crashed").exists()
+        assert dispatcher.dispatched_offset == log.write_position
+        assert dispatcher.workers_restarted == 1 and dispatcher.worker_appends > 0
+        assert "died" in caplog.text
 
 
 def test_store_with_workers_serves_every_queue_in_order(tmp_path):

@@ -3,9 +3,17 @@ built into ConsumeQueue units at their slots, and key-index entries, by `BatchBu
 worker process's loop (`_worker_main`, started as `python -m tidemq.store.dispatch_worker`); the
 pipes a worker and its coordinator talk over (`_Channel`).
 
+In a worker process the key-index entries of a batch stay in the worker (`hold_index`): when the
+batch reaches the head, the coordinator asks that worker to append them (`IndexAppend`) to the
+newest index file, which the worker maps too, and waits for the answer (`IndexAppended`) before
+the next batch's entries are appended, so appends happen one at a time in log order and the files
+are those the single thread writes.  A worker answers append requests before it builds the next
+batch it was sent.
+
 Ownership: each worker process has its own `BatchBuilder`, its own mappings of the segments and
 queue files; workers write disjoint 20-byte slots and create queue files with O_CREAT +
-ftruncate to the common size (idempotent).
+ftruncate to the common size (idempotent).  At most one worker appends to the key index at a
+time, when the coordinator says so; only the coordinator creates index files.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing.connection
 import os
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +30,13 @@ import numpy as np
 from . import record
 from .consume_queue import UNIT, UNIT_SIZE, file_name
 from .dispatch import QueueKey, group_by_queue
+from .index_file import HEADER, IndexFile
 from .scan import scan
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 CRASH_EXIT_CODE = 75
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
+MAX_HELD_BATCHES = 256  # index entries of batches never asked for (dropped batches) are let go
 
 
 @dataclass(slots=True)
@@ -74,6 +85,32 @@ class BatchResult:
     index_hashes: np.ndarray
     index_phys: np.ndarray
     index_timestamps: np.ndarray
+    index_held: int = 0  # entries the worker keeps for an IndexAppend (the arrays are then empty)
+
+
+@dataclass(slots=True, frozen=True)
+class IndexAppend:
+    """Coordinator -> worker: append the held entries of batch `batch_id` (those of records at
+    or past `skip_below`) to the index file at `path`, as many as fit; `path` None: the newest
+    file is full or there is none, only say when the first entry was stored."""
+
+    batch_id: int
+    path: str | None
+    skip_below: int
+
+
+@dataclass(slots=True, frozen=True)
+class IndexAppended:
+    """Worker -> coordinator: `appended` entries of batch `batch_id` written; `remaining` still
+    held (the file filled), the first of them stored at `next_timestamp`; `last_timestamp`: store
+    time of the last entry appended (0 if none)."""
+
+    batch_id: int
+    appended: int
+    remaining: int
+    next_timestamp: int
+    last_timestamp: int
+    error: str | None = None
 
 
 
@@ -92,7 +129,11 @@ class BatchBuilder:
         self._units_per_file: dict[QueueKey, int] = {}
         self._files: dict[tuple[str, int, int], mmap.mmap] = {}
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
+        self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
+        self.hold_index = False  # keep each batch's index entries for `append_index`
+        self._held: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._index_files: dict[str, IndexFile] = {}
 
     def _segment(self, task: BatchTask) -> mmap.mmap:
         mm = self._segments.get(task.segment_path)
@@ -158,6 +199,13 @@ class BatchBuilder:
             hashes, phys, times = columns.index_keys()
         else:
             hashes, phys, times = np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        held = 0
+        if self.hold_index and len(hashes):
+            self._held[task.batch_id] = (hashes, phys, times)
+            while len(self._held) > MAX_HELD_BATCHES:
+                del self._held[next(iter(self._held))]
+            held = len(hashes)
+            hashes, phys, times = hashes[:0], phys[:0], times[:0]
         return BatchResult(
             batch_id=task.batch_id,
             begin=task.begin,
@@ -169,7 +217,47 @@ class BatchBuilder:
             index_hashes=hashes,
             index_phys=phys,
             index_timestamps=times,
+            index_held=held,
         )
+
+    def append_index(self, request: IndexAppend) -> IndexAppended:
+        """Append the held entries of a batch (see `IndexAppend`).  The coordinator asks for the
+        batches in log order, so entries held for an older batch than this one are stale (their
+        batch was dropped and cut again) and are let go."""
+        for stale in [b for b in self._held if b < request.batch_id]:
+            del self._held[stale]
+        held = self._held.get(request.batch_id)
+        if held is None:
+            return IndexAppended(request.batch_id, 0, 0, 0, 0, "no entries held for this batch")
+        hashes, phys, times = held
+        if len(phys) and int(phys[0]) < request.skip_below:  # indexed before (a restart below it)
+            keep = phys >= request.skip_below
+            hashes, phys, times = hashes[keep], phys[keep], times[keep]
+        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
+            os._exit(0)  # orphaned: a reopened store may be recovering the index
+        done = 0
+        if len(hashes) and request.path is not None:
+            index = self._index_file(request.path)
+            if self.exit_in_append and index.entry_count:  # a file with chains a redo could break
+                before = index.mm[: HEADER.size]
+                index.append(hashes, phys, times)
+                index.mm[: HEADER.size] = before  # as if killed between the entries and the header
+                os._exit(CRASH_EXIT_CODE)
+            done = index.append(hashes, phys, times)
+        if done < len(hashes):
+            self._held[request.batch_id] = (hashes[done:], phys[done:], times[done:])
+        else:
+            del self._held[request.batch_id]
+        return IndexAppended(request.batch_id, done, len(hashes) - done, int(times[done]) if done < len(hashes) else 0,
+                             int(times[done - 1]) if done else 0)
+
+    def _index_file(self, path: str) -> IndexFile:
+        index = self._index_files.get(path)
+        if index is None:
+            while len(self._index_files) >= 2:  # the newest files only: older ones are full
+                self._index_files.pop(next(iter(self._index_files))).close()
+            index = self._index_files[path] = IndexFile(path, 0, 0, create=False)
+        return index
 
     def _write_units(self, columns) -> QueueRuns:
         """Write every queue entry of `columns` at its slot; returns, per queue, the slots
@@ -298,34 +386,62 @@ class BatchBuilder:
         for mm in self._segments.values():
             mm.close()
         self._segments.clear()
+        for index in self._index_files.values():
+            index.close()
+        self._index_files.clear()
+        self._held.clear()
 
 
 def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
-    """A worker process: build each task it receives and send back the result; None stops it."""
+    """A worker process: build each task it receives and send back the result, keeping the
+    index entries until asked to append them; None stops it.  Messages already sent are read
+    before each build, and append requests among them are answered first: the coordinator
+    waits for them, the builds can wait."""
     builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
     builder.coordinator_pid = os.getppid()
+    builder.hold_index = True
     # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
-    # dies after writing N units of its first batch; "N:" without a marker: every worker does
+    # dies after writing N units of its first batch; "N:" without a marker: every worker does;
+    # "append:MARKER": the first worker to create MARKER dies in its first index append to a file
+    # holding entries already
     crash = os.environ.get(CRASH_ENV)
     if crash:
         count, _, marker = crash.partition(":")
         try:
             if marker:
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            builder.exit_after_units = int(count)
+            if count == "append":
+                builder.exit_in_append = True
+            else:
+                builder.exit_after_units = int(count)
         except FileExistsError:
             pass
+    tasks: deque[BatchTask] = deque()
+    appends: deque[IndexAppend] = deque()
     try:
         while True:
-            try:
-                task = conn.recv()
-            except EOFError:
-                return
-            if task is None:
-                return
-            if task == "ping":
-                conn.send("pong")
+            while not (tasks or appends) or conn.poll():
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    return
+                if message is None:
+                    return
+                if message == "ping":
+                    conn.send("pong")
+                elif type(message) is IndexAppend:
+                    appends.append(message)
+                else:
+                    tasks.append(message)
+            if appends:
+                request = appends.popleft()
+                try:
+                    answer = builder.append_index(request)
+                except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
+                    answer = IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
+                conn.send(answer)
                 continue
+            task = tasks.popleft()
             try:
                 result = builder.build(task)
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there

@@ -12,8 +12,9 @@ Recovery (spec §6): after an abnormal exit, files whose endTs is newer than the
 timestamp are destroyed (they may not have reached the disk) and rebuilt; then every file is cut
 back to the recovered log end, restoring its chains and header exactly.
 
-Ownership: the dispatch thread appends (`dispatch` or `append_entries`), and the maintenance
-thread flushes; `_lock` guards the file list for queries on other threads.
+Ownership: the dispatch thread appends (`dispatch` or `append_entries`), or has a parallel-dispatch
+worker append into the newest file's mapping while it waits (`start_file` makes the files); the
+maintenance thread flushes; `_lock` guards the file list for queries on other threads.
 """
 
 from __future__ import annotations
@@ -192,6 +193,11 @@ class KeyIndex:
             self.last_store_timestamp = int(timestamps[-1])
         self.indexed_until = max(self.indexed_until, end)
 
+    def start_file(self, first_timestamp: int) -> IndexFile:
+        """Begin a new newest file, for entries a dispatch worker appends (its first entry
+        stored at `first_timestamp`)."""
+        return self._new_file(first_timestamp)
+
     def _new_file(self, first_timestamp: int) -> IndexFile:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.files:
@@ -208,11 +214,14 @@ class KeyIndex:
     def covered_offset(self) -> int:
         return self.indexed_until
 
-    def truncate(self, commit_log_end: int) -> None:
+    def truncate(self, commit_log_end: int, store_time_of: Callable[[int], int | None] = lambda phy: None) -> None:
+        """Drop the entries of records at or past `commit_log_end`; `store_time_of(phy)` gives
+        the store time of a record, for the header's endTs (else it is the entry's whole
+        seconds)."""
         with self._lock:
             while self.files:
                 last = self.files[-1]
-                last.truncate(commit_log_end, lambda phy: None)
+                last.truncate(commit_log_end, store_time_of)
                 if last.entry_count:
                     break
                 self.files.pop().destroy()

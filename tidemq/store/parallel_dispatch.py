@@ -14,23 +14,31 @@ the store's files through their own mappings:
   (queue offsets were assigned at append time) through its own mapping of the queue file,
   creating files as needed: a queue's contiguous run of slots in the batch is one copy of a unit
   array.  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
-  store time) but does not write them.  It answers with, per queue, the slots it wrote, the index
-  entries, and where its walk ended (past the blank if one closes the segment).
+  store time) and keeps them.  It answers with, per queue, the slots it wrote, how many index
+  entries it holds, and where its walk ended (past the blank if one closes the segment).
 - Answers arrive in any order; the coordinator processes them strictly in batch order.  At the
-  head, a batch whose walk ended exactly at its cut is committed: each queue's run of slots starts
+  head, the worker that built the batch is asked to append its index entries to the newest index
+  file (`IndexAppend`; it answers append requests before its next build), and nothing else is
+  appended until it answers: one append at a time, in log order, so the index files are those
+  the single thread writes, while the coordinator itself does no per-entry work.  When a file
+  fills, the coordinator creates the next (it alone creates index files) and asks again.  Then a
+  batch whose walk ended exactly at its cut is committed: each queue's run of slots starts
   at that queue's commit frontier (`ConsumeQueue.commit_range`), so readers and long-polling
   listeners (told only of frontier moves) never see a gap or a reordering; a queue seen for the
-  first time is started there (`ConsumeQueue.adopt_files`), its first slot now known.  Then its
-  index entries are appended and `dispatched_offset` advances: it is the end of the longest
-  prefix of completely built batches, which is what the checkpoint records and what recovery
-  restarts from.  A walk that ended short (a damaged record, data not readable yet, or a cut
-  inside a record) stops there: later batches are dropped uncommitted and cut again from there.
+  first time is started there (`ConsumeQueue.adopt_files`), its first slot now known.  Then
+  `dispatched_offset` advances: it is the end of the longest prefix of completely built (units
+  and index entries) batches, which is what the checkpoint records and what recovery restarts
+  from.  A walk that ended short (a damaged record, data not readable yet, or a cut inside a
+  record) stops there: later batches are dropped uncommitted and cut again from there.
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
 start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker`: the threaded
 store process is never forked) and are replaced if one dies; its batches are built again, which
-rewrites the same bytes.  A worker whose coordinator died stops before writing a batch.
+rewrites the same bytes, and so are the batches whose index entries it held; if it died while
+appending, the index is first cut back to the batch's first record (`KeyIndex.truncate`, which
+also clears entries written past the header's count).  A worker whose coordinator died stops
+before writing a batch or appending to the index.
 
 Batches are backlog / (4 × workers), between 64 KiB and `batch_bytes`, with up to 3 × workers
 outstanding, so that one slow batch does not leave the other workers idle.
@@ -43,8 +51,10 @@ unwritten slot are zeroed when the queue is loaded, so they are never taken for 
 
 Ownership: one coordinator thread calls `dispatch_until`; workers write disjoint 20-byte slots and
 create queue files with O_CREAT + ftruncate to the common size (idempotent); only the coordinator
-touches `ConsumeQueue` objects, the key index and the listeners.  Units a worker wrote for a
-batch that is dropped lie above the frontiers and are overwritten when the batch is built again.
+touches `ConsumeQueue` objects, the `KeyIndex` (its file list) and the listeners; the one worker
+it asked writes into the newest index file's mapping while the coordinator waits for it.  Units a
+worker wrote for a batch that is dropped lie above the frontiers and are overwritten when the
+batch is built again.
 """
 
 from __future__ import annotations
@@ -63,7 +73,16 @@ from typing import Callable
 import numpy as np
 
 from . import record
-from .batch_builder import CRASH_ENV, BatchBuilder, BatchResult, BatchTask, QueueRuns, _Channel  # noqa: F401 (CRASH_ENV: tests)
+from .batch_builder import (  # noqa: F401 (CRASH_ENV: tests)
+    CRASH_ENV,
+    BatchBuilder,
+    BatchResult,
+    BatchTask,
+    IndexAppend,
+    IndexAppended,
+    QueueRuns,
+    _Channel,
+)
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue
 from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchBatch, DispatchStats, QueueKey, dispatch_to, notify_listeners
@@ -105,7 +124,7 @@ class _Worker:
     two pipes): a fresh interpreter, so the threaded store process is never forked and the
     caller's main module is never re-imported."""
 
-    __slots__ = ("process", "conn", "tasks")
+    __slots__ = ("process", "conn", "tasks", "appends")
 
     def __init__(self, consume_queue_root: str, units_per_file: int, index_enabled: bool) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -124,6 +143,7 @@ class _Worker:
             os.close(from_child_w)
         self.conn = _Channel(from_child_r, to_child_w)
         self.tasks: dict[int, BatchTask] = {}
+        self.appends = 0  # index append requests not answered yet
 
     @property
     def pid(self) -> int:
@@ -182,6 +202,8 @@ class ParallelDispatcher:
         self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
         self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
         self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
+        self._holders: dict[int, _Worker | None] = {}  # batch id -> the worker holding its index entries
+        self._appending: int | None = None  # the head batch whose index append is under way
         # the queues' rows in the frontier table, by (topic number << 32 | queue id), sorted
         self._topic_numbers: dict[str, int] = {}
         self._code_of: dict[int, int] = {}
@@ -194,6 +216,7 @@ class ParallelDispatcher:
         self._builder: BatchBuilder | None = None
         self.inline_batches = 0
         self.worker_batches = 0
+        self.worker_appends = 0  # index appends done by workers (IndexAppend answers)
         self.workers_restarted = 0
         self._deaths_in_a_row = 0  # worker deaths since a worker last answered
         self._workers_failing = False  # too many: every batch is built on the dispatch thread
@@ -332,7 +355,7 @@ class ParallelDispatcher:
         results = [self._done.pop(i) for i in sorted(self._done)]
         if results:
             return results
-        busy = [w for w in self._workers if w.tasks]
+        busy = [w for w in self._workers if w.tasks or w.appends]
         if not busy:
             return results
         ready = multiprocessing.connection.wait([w.conn.reader for w in busy])
@@ -342,7 +365,12 @@ class ParallelDispatcher:
                     while worker.conn.poll():
                         result = worker.conn.recv()
                         self._deaths_in_a_row = 0
-                        if worker.tasks.pop(result.batch_id, None) is not None:
+                        if type(result) is IndexAppended:
+                            worker.appends = max(0, worker.appends - 1)
+                            results.append(result)
+                        elif worker.tasks.pop(result.batch_id, None) is not None:
+                            if result.index_held:
+                                self._holders[result.batch_id] = worker
                             results.append(result)
                 except (EOFError, OSError):  # the pipe closed: the worker died
                     worker.process.wait()
@@ -352,6 +380,16 @@ class ParallelDispatcher:
     def _replace(self, dead: _Worker) -> None:
         dead.conn.close()
         self._deaths_in_a_row += 1
+        # the batches whose index entries died with it are built again, with its unanswered ones
+        for batch_id in sorted(b for b, holder in self._holders.items() if holder is dead):
+            del self._holders[batch_id]
+            self._answers.pop(batch_id, None)
+            task = self._tasks[batch_id]
+            if batch_id == self._appending:  # it may have written part of them: cut the index back
+                self._appending = None
+                self._undo_index_append(task.begin)
+            dead.tasks[batch_id] = task
+        dead.appends = 0
         if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
             # workers that cannot finish a batch (a broken install, no memory): stop starting
             # them, and build on this thread, slower but without losing or reordering anything
@@ -379,16 +417,80 @@ class ParallelDispatcher:
 
     # -- completing batches ----------------------------------------------------------------------------
 
-    def _complete(self, result: BatchResult, changes: dict[QueueKey, int]) -> int:
-        """Keep a batch's answer (they come in any order); then process every batch now at the
-        head, in order."""
-        if result.batch_id not in self._tasks:
+    def _complete(self, result: BatchResult | IndexAppended, changes: dict[QueueKey, int]) -> int:
+        """Keep a batch's answer (they come in any order), or take a worker's index append
+        answer; then process every batch now at the head, in order."""
+        if type(result) is IndexAppended:
+            if result.batch_id != self._appending:
+                return 0  # for a batch since dropped or built again
+            if not self._index_appended(result):
+                return 0
+        elif result.batch_id not in self._tasks:
             return 0  # from a generation that was discarded
-        self._answers[result.batch_id] = result
+        else:
+            self._answers[result.batch_id] = result
         total = 0
-        while self._head_id in self._answers:
+        while self._appending is None and self._head_id in self._answers:
+            head = self._answers[self._head_id]
+            if head.index_held:
+                # its worker appends its index entries first; the head waits for the answer
+                self._appending = head.batch_id
+                self._request_append(head.batch_id, self._current_index_path())
+                break
             total += self._advance(self._answers.pop(self._head_id), changes)
         return total
+
+    # -- index appends in the workers ----------------------------------------------------------------
+
+    def _current_index_path(self) -> str | None:
+        files = self.key_index.files
+        return None if not files or files[-1].is_full else str(files[-1].path)
+
+    def _request_append(self, batch_id: int, path: str | None) -> None:
+        holder = self._holders[batch_id]
+        holder.appends += 1
+        try:
+            holder.conn.send(IndexAppend(batch_id, path, self.key_index.indexed_until))
+        except (OSError, EOFError):
+            pass  # a dead worker is noticed and replaced by _collect
+
+    def _index_appended(self, answer: IndexAppended) -> bool:
+        """The head's worker answered its append request: True when all its entries are in."""
+        head = self._answers[answer.batch_id]
+        index = self.key_index
+        if answer.error is not None:
+            # the worker could not append (an I/O error there): cut the index back, build and
+            # append the batch on this thread
+            log.error("dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
+                      "building them on the dispatch thread", head.begin, head.end, answer.error)
+            self._undo_index_append(head.begin)
+            self._holders.pop(answer.batch_id, None)
+            self._appending = None
+            self._answers[answer.batch_id] = self._build_inline(self._tasks[answer.batch_id])
+            return True
+        self.worker_appends += 1
+        if answer.last_timestamp:
+            index.last_store_timestamp = answer.last_timestamp
+        if answer.remaining:
+            # the newest file is full (or there is none): start the next one, named after the
+            # first entry it gets, and ask again
+            index.start_file(answer.next_timestamp)
+            self._request_append(answer.batch_id, self._current_index_path())
+            return False
+        self._holders.pop(answer.batch_id, None)
+        self._appending = None
+        head.index_held = 0
+        return True
+
+    def _undo_index_append(self, begin: int) -> None:
+        """Cut the key index back to the entries of records below `begin` (a worker died while
+        appending, or failed), restoring the bytes the files had before."""
+
+        def store_time_of(phy: int) -> int | None:
+            rec = self.commit_log.read_record(phy, check_crc=False, read_body=False, read_properties=False)
+            return rec.store_timestamp if type(rec) is record.Record else None
+
+        self.key_index.truncate(begin, store_time_of)
 
     def _advance(self, head: BatchResult, changes: dict[QueueKey, int]) -> int:
         """`head` is the oldest outstanding batch: commit its slots (every earlier batch is
@@ -507,6 +609,7 @@ class ParallelDispatcher:
             self._blank_ends.pop(batch_id, None)
         self._answers.clear()
         self._done.clear()
+        self._holders.clear()  # the workers let go of the entries they hold when asked for a later batch
         for worker in self._workers:
             worker.tasks.clear()  # their answers, when they come, are ignored
         self._head_id = self._next_id
