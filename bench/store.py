@@ -7,7 +7,7 @@ Prints figures and ratios from one run (this machine is shared and noisy: compar
   per call and `put_batch` of 32;
 - the same bytes written with plain sequential file writes (the physical bound here);
 - sync flush with 1, 16 and 64 concurrent putters: threads blocking in `put`, and asyncio tasks
-  awaiting `put(..., on_durable=...)` (how the broker waits);
+  awaiting `DurableFutures` (how the broker waits);
 - dispatch rate (ConsumeQueue entries/s) re-building the indexes of the log just written.
 
 Targets (issue: embedded store): 1 KiB appends >= 50% of plain-write bandwidth; 128 B appends >=
@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tidemq.broker.durability import DurableFutures  # noqa: E402
 from tidemq.store import Message, MessageStore, StoreConfig  # noqa: E402
 from tidemq.store.commit_log import CommitLog  # noqa: E402
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
@@ -116,37 +117,19 @@ def bench_sync(root: Path, putters: int, per_putter: int) -> tuple[float, int, i
 
 
 def bench_sync_async(root: Path, putters: int, per_putter: int) -> tuple[float, int, int]:
-    """The same with asyncio tasks: each awaits a future the flush thread resolves."""
+    """The same with asyncio tasks, waiting as the broker does: each appends and awaits a
+    future from DurableFutures, which the flush thread settles with one call per fsync."""
     directory = root / f"sync-async-{putters}"
 
     async def run() -> tuple[float, int]:
-        loop = asyncio.get_running_loop()
-        lock = threading.Lock()
-        ready: list = []
-
-        def drain() -> None:
-            with lock:
-                items = ready[:]
-                ready.clear()
-            for future, error in items:
-                future.set_exception(error) if error else future.set_result(None)
-
         with MessageStore(directory, StoreConfig(segment_size=SEGMENT, flush="sync")) as store:
+            durable = DurableFutures(store, asyncio.get_running_loop())
 
             async def putter(qid: int) -> None:
                 message = Message(topic="sync", body=b"x" * 128, queue_id=qid % QUEUES)
                 for _ in range(per_putter):
-                    future = loop.create_future()
-
-                    def on_durable(result, error, future=future):
-                        with lock:
-                            ready.append((future, error))
-                            first = len(ready) == 1
-                        if first:
-                            loop.call_soon_threadsafe(drain)
-
-                    store.put(message, on_durable=on_durable)
-                    await future
+                    result, end = store.put_unflushed(message)
+                    await durable.after(end, result)
 
             start = time.perf_counter()
             await asyncio.gather(*(putter(i) for i in range(putters)))

@@ -2,8 +2,8 @@
 queue, store it, and wait until the flush policy makes it durable.
 
 Runs on the broker's event loop.  `store.put` appends inline (a memory copy under the append
-lock); under sync flush the durability wait is a future settled by the store's `on_durable`
-callback from its flush thread, so no thread is parked per message."""
+lock); under sync flush the durability wait is a future from `DurableFutures`, which the store's
+flush thread settles with one call into the loop per fsync, so no thread is parked per message."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message,
 from . import validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
+from .durability import DurableFutures
 from .metadata import TopicConfig
 from .types import MIXED, NORMAL, Publish, SendResult
 
@@ -30,6 +31,7 @@ class Publisher:
         self.topic = topic  # the broker's topic lookup (creates on first use when allowed)
         self.stats = stats
         self._put_inline = store.config.flush != FLUSH_SYNC
+        self._durable: DurableFutures | None = None  # made on the event loop, at the first sync-flush send
         self._round_robin: dict[str, int] = {}  # next write queue per topic
         self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
         self._valid_topics: set[str] = set()  # names and tags that passed validation (hot path: every send)
@@ -130,17 +132,11 @@ class Publisher:
         try:
             if self._put_inline:
                 return self.store.put_batch(messages) if len(messages) > 1 else [self.store.put(messages[0])]
-            loop = asyncio.get_running_loop()
-            durable = loop.create_future()
-
-            def on_durable(result, error) -> None:  # flush thread (or inline)
-                loop.call_soon_threadsafe(_settle, durable, result, error)
-
-            if len(messages) > 1:
-                self.store.put_batch(messages, on_durable)
-            else:
-                self.store.put(messages[0], on_durable)
-            result = await durable
+            durable, loop = self._durable, asyncio.get_running_loop()
+            if durable is None or durable.loop is not loop:
+                durable = self._durable = DurableFutures(self.store, loop)
+            result, end = self.store.put_unflushed(messages if len(messages) > 1 else messages[0])
+            result = await durable.after(end, result)
             return result if isinstance(result, list) else [result]
         except InvalidMessageError as exc:
             raise BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}") from None
@@ -158,15 +154,6 @@ class Publisher:
 def _remember(valid: set, value, limit: int = 10_000) -> None:
     if len(valid) < limit:
         valid.add(value)
-
-
-def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _host_or(host: str, fallback: str) -> str:

@@ -6,7 +6,8 @@
   the first waiter), so N concurrent putters share one fsync instead of paying for N; a lone
   putter is flushed at once.
 
-Ownership: `GroupCommit._cond` guards `requested`, `flushed`, `active` and `waiting`; only the flusher thread calls
+Ownership: `GroupCommit._cond` guards `requested`, `flushed`, `active`, `waiting`, the callbacks and
+the listeners; only the flusher thread calls
 `CommitLog.flush`, and it reads `write_position` without the append lock (a stale value only
 flushes less, and the requester waits for the next round).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from .commit_log import CommitLog
 from .errors import FlushTimeoutError
@@ -27,14 +28,21 @@ log = logging.getLogger(__name__)
 DurableCallback = Callable[[object, BaseException | None], None]
 
 
+class FlushListener(Protocol):
+    def flushed(self, position: int, stopping: bool) -> None:
+        """Called on the flusher thread after an fsync made the log durable up to `position`
+        (`stopping`: the store is closing, no further fsync will come)."""
+
+
 class GroupCommit:
     """The sync-flush service.  Two ways to wait for durability:
 
     - `wait_for(end)`: the calling thread blocks (bracketed by `begin()`/`end()`, so the flusher
       knows how many putters are still appending);
     - `register(end, callback, token)`: returns at once; the flusher thread later calls
-      `callback(token, None)`, or `callback(token, FlushTimeoutError)` — one wake-up per fsync
-      for any number of waiters, which is what an asyncio caller wants.
+      `callback(token, None)`, or `callback(token, FlushTimeoutError)`;
+    - `request(end, listener)`: the flusher calls `listener.flushed` once after the next fsync,
+      however many puts the listener waits for (the broker's futures of one event loop).
     """
 
     def __init__(
@@ -52,6 +60,7 @@ class GroupCommit:
         self.requested = commit_log.flushed_position
         self.flushed = commit_log.flushed_position
         self._callbacks: list[tuple[int, float, DurableCallback, object]] = []
+        self._listeners: set[FlushListener] = set()  # to tell of the next fsync
         self.fsyncs = 0
         self.error: BaseException | None = None
         self._stopping = False
@@ -82,6 +91,22 @@ class GroupCommit:
         if ready:
             callback(token, None)
 
+    def request(self, end_offset: int, listener: FlushListener) -> None:
+        """Flush up to `end_offset`, and tell `listener` after the next fsync (which may cover
+        less, if the bytes were written while it ran: then request again)."""
+        with self._cond:
+            if self._stopping:
+                stopped = True
+            else:
+                stopped = False
+                if end_offset > self.requested:
+                    self.requested = end_offset
+                if listener not in self._listeners:
+                    self._listeners.add(listener)
+                    self._work.notify()
+        if stopped:
+            listener.flushed(self.flushed, True)
+
     def wait_for(self, end_offset: int) -> None:
         """Block until the log is durable up to `end_offset`, or raise FlushTimeoutError."""
         with self._cond:
@@ -96,12 +121,12 @@ class GroupCommit:
                 while self.flushed < end_offset:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or self._stopping:
-                        raise self._timeout_error(end_offset)
+                        raise self.timeout_error(end_offset)
                     self._cond.wait(remaining)
             finally:
                 self.waiting -= 1
 
-    def _timeout_error(self, end_offset: int) -> FlushTimeoutError:
+    def timeout_error(self, end_offset: int) -> FlushTimeoutError:
         cause = f"; last fsync error: {self.error}" if self.error is not None else ""
         return FlushTimeoutError(
             f"bytes up to offset {end_offset} not flushed within {self.timeout:.1f}s "
@@ -143,12 +168,17 @@ class GroupCommit:
                     else:
                         pending.append(entry)
                 self._callbacks = pending
+                listeners, self._listeners = self._listeners, set()
+            for listener in listeners:
+                listener.flushed(self.flushed, self._stopping)
             for end_offset, _, callback, token in done:
                 callback(token, None)
             for end_offset, _, callback, token in expired:
-                callback(token, self._timeout_error(end_offset))
+                callback(token, self.timeout_error(end_offset))
             if error is None:
                 self.on_flushed(flushed)
+            elif self._stopping:
+                break  # closing on a disk that will not flush: every waiter was just told
             else:
                 time.sleep(0.01)
 
@@ -158,6 +188,10 @@ class GroupCommit:
             self._cond.notify_all()
             self._work.notify_all()
         self._thread.join()
+        with self._cond:
+            listeners, self._listeners = self._listeners, set()
+        for listener in listeners:
+            listener.flushed(self.flushed, True)
 
 
 class PeriodicService:

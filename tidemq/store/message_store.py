@@ -37,7 +37,7 @@ from .key_index import KeyIndex
 from .lag import sink_lags
 from .parallel_dispatch import ParallelDispatcher
 from .errors import CorruptStoreError, InvalidMessageError, StoreClosedError, StoreIOError, StoreLockedError
-from .flush import DurableCallback, GroupCommit, PeriodicService
+from .flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
 from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
 
 log = logging.getLogger(__name__)
@@ -398,29 +398,57 @@ class MessageStore:
         if blocking:
             group_commit.begin()
         try:
-            if self._closed:
-                raise StoreClosedError("the store is closed")
-            prepared = (self._prepare(message),)
-            stored: list[PutResult] = []
-            with self._append_lock:
-                if self._closed:
-                    raise StoreClosedError("the store is closed")
-                try:
-                    self._append_locked((message,), prepared, self.clock(), stored)
-                except OSError as exc:
-                    raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
-                result = stored[0]
-                end = result.commit_log_offset + result.size
-                self._last_written = (end, result.store_timestamp)
+            result = self._append_one(message)
             if group_commit is None and on_durable is None:  # async flush: wake the dispatcher
                 if not self._dispatch_event_set:
                     self._dispatch_event_set = True
                     self._dispatch_event.set()
             else:
-                self._await_durable(end, blocking, on_durable, result)
+                self._await_durable(result.commit_log_offset + result.size, blocking, on_durable, result)
         finally:
             if blocking:
                 group_commit.end()
+        return result
+
+    def put_unflushed(self, messages: Message | list[Message]) -> tuple[PutResult | list[PutResult], int]:
+        """Append one message (or a non-empty batch, as `put_batch`) without waiting for the flush
+        policy; returns its PutResult (or list of them) and the log offset that must be durable
+        before the caller may call it stored (see `await_flush`).  Raises as `put` and
+        `put_batch` do when nothing, or only part of a batch, is stored."""
+        if type(messages) is list:
+            result, end = self._append(messages)
+        else:
+            result = self._append_one(messages)
+            end = result.commit_log_offset + result.size
+        if self.group_commit is None and not self._dispatch_event_set:
+            self._dispatch_event_set = True
+            self._dispatch_event.set()
+        return result, end
+
+    def await_flush(self, end_offset: int, listener: FlushListener) -> bool:
+        """True if the log up to `end_offset` is already durable under the flush policy (always,
+        under async flush).  Else False, and `listener.flushed(position, stopping)` is called from
+        the flush thread after the next fsync: one call for any number of waits."""
+        group_commit = self.group_commit
+        if group_commit is None or group_commit.flushed >= end_offset:
+            return True
+        group_commit.request(end_offset, listener)
+        return False
+
+    def _append_one(self, message: Message) -> PutResult:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        prepared = (self._prepare(message),)
+        stored: list[PutResult] = []
+        with self._append_lock:
+            if self._closed:
+                raise StoreClosedError("the store is closed")
+            try:
+                self._append_locked((message,), prepared, self.clock(), stored)
+            except OSError as exc:
+                raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
+            result = stored[0]
+            self._last_written = (result.commit_log_offset + result.size, result.store_timestamp)
         return result
 
     def put_batch(self, messages: list[Message], on_durable: DurableCallback | None = None) -> list[PutResult]:

@@ -1,0 +1,120 @@
+"""DurableFutures: sends under sync flush wait for the fsync that covers them, share fsyncs, and
+fail with FlushTimeoutError when the disk will not flush or the store closes first."""
+
+import asyncio
+
+import pytest
+
+from tidemq.broker.durability import DurableFutures
+from tidemq.store import FlushTimeoutError, Message, MessageStore, StoreConfig
+
+
+def sync_store(directory, **kw) -> MessageStore:
+    return MessageStore(directory, StoreConfig(segment_size=1 << 20, flush="sync", **kw))
+
+
+def test_each_future_settles_after_an_fsync_covers_it_and_fsyncs_are_shared(tmp_path):
+    store = sync_store(tmp_path)
+    settled = []
+
+    async def putter(durable, i):
+        for j in range(25):
+            result, end = store.put_unflushed(Message(topic="d", body=b"%d-%d" % (i, j), queue_id=i % 4))
+            got = await durable.after(end, result)
+            # settled only once durable, with the result it was given
+            assert got is result and store.group_commit.flushed >= end
+            settled.append(got)
+
+    async def scenario():
+        durable = DurableFutures(store, asyncio.get_running_loop())
+        await asyncio.wait_for(asyncio.gather(*(putter(durable, i) for i in range(32))), 30)
+
+    try:
+        asyncio.run(scenario())
+        assert len(settled) == 800
+        assert len({r.commit_log_offset for r in settled}) == 800
+        assert store.group_commit.fsyncs < 800 / 4  # 32 putters share each fsync
+        assert store.wait_dispatched()
+        assert sum(store.max_offset("d", q) for q in range(4)) == 800
+    finally:
+        store.close()
+
+
+def test_a_batch_waits_once_for_its_last_byte(tmp_path):
+    store = sync_store(tmp_path)
+
+    async def scenario():
+        durable = DurableFutures(store, asyncio.get_running_loop())
+        results, end = store.put_unflushed([Message(topic="b", body=b"x%d" % i) for i in range(10)])
+        assert end == results[-1].commit_log_offset + results[-1].size
+        return await asyncio.wait_for(durable.after(end, results), 10), end
+
+    try:
+        results, end = asyncio.run(scenario())
+        assert [r.queue_offset for r in results] == list(range(10))
+        assert store.group_commit.flushed >= end
+    finally:
+        store.close()
+
+
+def test_under_async_flush_the_future_is_settled_at_once(tmp_path):
+    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20)) as store:
+
+        async def scenario():
+            durable = DurableFutures(store, asyncio.get_running_loop())
+            result, end = store.put_unflushed(Message(topic="a", body=b"now"))
+            future = durable.after(end, result)
+            assert future.done()
+            return await future
+
+        assert asyncio.run(scenario()).queue_offset == 0
+
+
+def test_a_disk_that_will_not_flush_fails_the_wait_after_the_timeout(tmp_path):
+    store = sync_store(tmp_path, sync_flush_timeout_ms=300)
+
+    def failing_flush():
+        raise OSError(5, "Input/output error")
+
+    store.commit_log.flush = failing_flush  # the environment: every fsync fails
+
+    async def scenario():
+        durable = DurableFutures(store, asyncio.get_running_loop())
+        result, end = store.put_unflushed(Message(topic="f", body=b"lost?"))
+        with pytest.raises(FlushTimeoutError, match="Input/output error"):
+            await asyncio.wait_for(durable.after(end, result), 10)
+        return result
+
+    try:
+        result = asyncio.run(scenario())
+        assert store.group_commit.flushed < result.commit_log_offset + result.size
+    finally:
+        del store.commit_log.flush
+        store.close()
+
+
+def test_waits_still_open_when_the_flusher_stops_fail_instead_of_hanging(tmp_path):
+    store = sync_store(tmp_path, sync_flush_timeout_ms=60_000)
+
+    def failing_flush():
+        raise OSError(28, "No space left on device")
+
+    store.commit_log.flush = failing_flush
+
+    async def scenario():
+        durable = DurableFutures(store, asyncio.get_running_loop())
+        result, end = store.put_unflushed(Message(topic="c", body=b"pending"))
+        future = durable.after(end, result)
+        await asyncio.get_running_loop().run_in_executor(None, store.group_commit.stop)  # as closing does
+        with pytest.raises(FlushTimeoutError, match="No space left"):
+            await asyncio.wait_for(future, 10)
+        # and a wait begun after the flusher stopped fails too
+        result, end = store.put_unflushed(Message(topic="c", body=b"later"))
+        with pytest.raises(FlushTimeoutError):
+            await asyncio.wait_for(durable.after(end, result), 10)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        del store.commit_log.flush
+        store.close()
