@@ -132,6 +132,7 @@ class BatchBuilder:
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
         self.hold_index = False  # keep each batch's index entries for `append_index`
+        self.between_steps = None  # called between decoding a batch and writing it (a worker answers appends there)
         self._held: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._index_files: dict[str, IndexFile] = {}
 
@@ -194,6 +195,8 @@ class BatchBuilder:
                 )
         if self.coordinator_pid and os.getppid() != self.coordinator_pid:
             os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
+        if self.between_steps is not None:
+            self.between_steps()
         queues = self._write_units(columns) if len(columns) else QueueRuns.empty()
         if self.index_enabled:
             hashes, phys, times = columns.index_keys()
@@ -395,8 +398,8 @@ class BatchBuilder:
 def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
     """A worker process: build each task it receives and send back the result, keeping the
     index entries until asked to append them; None stops it.  Messages already sent are read
-    before each build, and append requests among them are answered first: the coordinator
-    waits for them, the builds can wait."""
+    before each build and between its decoding and its writing, and append requests among them
+    are answered at once: the coordinator waits for them, the builds can wait."""
     builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
     builder.coordinator_pid = os.getppid()
     builder.hold_index = True
@@ -417,29 +420,39 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
         except FileExistsError:
             pass
     tasks: deque[BatchTask] = deque()
-    appends: deque[IndexAppend] = deque()
+    stopping = False
+
+    def read(block: bool) -> None:
+        """Take the messages sent so far (waiting for one if `block`): answer append requests
+        at once, queue tasks."""
+        nonlocal stopping
+        while not stopping and (block or conn.poll()):
+            block = False
+            try:
+                message = conn.recv()
+            except EOFError:
+                message = None
+            if message is None:
+                stopping = True
+            elif message == "ping":
+                conn.send("pong")
+            elif type(message) is IndexAppend:
+                try:
+                    answer = builder.append_index(message)
+                except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
+                    answer = IndexAppended(message.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
+                conn.send(answer)
+            else:
+                tasks.append(message)
+
+    # the head's append is answered between two steps of a build too: the coordinator waits for it
+    builder.between_steps = lambda: read(False)
     try:
         while True:
-            while not (tasks or appends) or conn.poll():
-                try:
-                    message = conn.recv()
-                except EOFError:
-                    return
-                if message is None:
-                    return
-                if message == "ping":
-                    conn.send("pong")
-                elif type(message) is IndexAppend:
-                    appends.append(message)
-                else:
-                    tasks.append(message)
-            if appends:
-                request = appends.popleft()
-                try:
-                    answer = builder.append_index(request)
-                except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
-                    answer = IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
-                conn.send(answer)
+            read(not tasks)
+            if stopping:
+                return
+            if not tasks:
                 continue
             task = tasks.popleft()
             try:
