@@ -6,7 +6,7 @@
     store.close()
 
 Threads and ownership:
-- callers of `put` (any number): encode outside the lock; `_append_lock` guards the queue-offset
+- callers of `put` (any number): encode outside the lock (`MessageEncoder`); `_append_lock` guards the queue-offset
   table, the commit log's write position and segment rolls — one writer at a time;
 - the dispatch thread: the only caller of `Dispatcher.dispatch_until` once the store is open;
 - the flush thread (group commit under sync flush, periodic under async) and the maintenance
@@ -16,11 +16,8 @@ Threads and ownership:
 from __future__ import annotations
 
 import fcntl
-import itertools
 import logging
 import os
-import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,8 +32,9 @@ from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
 from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
 from .key_index import KeyIndex
 from .lag import sink_lags
+from .message_encoder import MessageEncoder
 from .parallel_dispatch import ParallelDispatcher
-from .errors import CorruptStoreError, InvalidMessageError, StoreClosedError, StoreIOError, StoreLockedError
+from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLockedError
 from .flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
 from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
 
@@ -127,26 +125,8 @@ class DispatchLag:
     sinks: dict[str, tuple[int, int]] = field(default_factory=dict)  # per sink: (bytes, milliseconds)
 
 
-class _UniqueKeys:
-    """UNIQ_KEY for messages that arrive without one: 32 uppercase hex characters, ip(4) +
-    pid(2) + random(4) + a counter(6) seeded from the clock, like RocketMQ's client ids."""
-
-    def __init__(self, host: str) -> None:
-        try:
-            ip = socket.inet_aton(host)
-        except OSError:
-            ip = b"\x7f\x00\x00\x01"
-        self._prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
-        # next() on a count is atomic under the GIL
-        self._counter = itertools.count((time.time_ns() // 1_000_000 << 8) & 0xFFFFFFFFFFFF)
-
-    def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
-
-
 _TRANSACTION_TYPE_MASK = record.TRANSACTION_TYPE_MASK
 _TRANSACTION_COMMIT = record.TRANSACTION_COMMIT
-_UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
 
 
 class _NoQueue:
@@ -196,11 +176,8 @@ class MessageStore:
         self.consume_queues = ConsumeQueueStore(self.directory / "consumequeue", cfg.consume_queue_units)
         self._append_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
-        self._unique_keys = _UniqueKeys(cfg.store_host[0])
         self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
-        self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
-        self._templates: dict[tuple, record.RecordTemplate] = {}  # (topic, born host) -> template
-        self._property_suffixes: dict[str | None, bytes] = {}  # tag -> its encoded TAGS property
+        self._encoder = MessageEncoder(cfg, self.commit_log.segment_size)
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.key_index = (
             KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
@@ -290,99 +267,6 @@ class MessageStore:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _invalid(self, message: Message) -> str | None:
-        """Why the store will not take `message`, or None."""
-        cfg = self.config
-        topic = message.topic
-        if not isinstance(topic, str) or not topic:
-            return "topic must be a non-empty string"
-        if len(topic) > cfg.max_topic_bytes or len(topic.encode("utf-8")) > cfg.max_topic_bytes:
-            return f"topic is {len(topic.encode('utf-8'))} bytes, at most {cfg.max_topic_bytes}"
-        if "/" in topic or "\x00" in topic or topic in (".", ".."):
-            return f"topic {topic!r} contains '/' or NUL, or is a dot name"
-        if type(message.queue_id) is not int or not 0 <= message.queue_id <= cfg.max_queue_id:
-            return f"queue id {message.queue_id!r} out of range [0, {cfg.max_queue_id}]"
-        if not isinstance(message.body, (bytes, bytearray, memoryview)):
-            return "body must be bytes"
-        if len(message.body) > cfg.max_message_size:
-            return f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}"
-        return None
-
-    def _prepare(self, message: Message) -> tuple:
-        """Validate `message` and build what does not depend on where it lands: (template, body,
-        body CRC, properties bytes, UNIQ_KEY).  Raises InvalidMessageError."""
-        cfg = self.config
-        topic, body, queue_id = message.topic, message.body, message.queue_id
-        if (
-            topic not in self._valid_topics
-            or type(queue_id) is not int
-            or not 0 <= queue_id <= cfg.max_queue_id
-            or type(body) is not bytes
-            or len(body) > cfg.max_message_size
-        ):
-            problem = self._invalid(message)
-            if problem:
-                raise InvalidMessageError(problem)
-            if len(self._valid_topics) < 100_000:
-                self._valid_topics.add(topic)
-            body = bytes(body)
-        properties = message.properties
-        if properties:
-            unique_key = properties.get(record.PROPERTY_UNIQ_KEY) or self._unique_keys.next()
-            items = dict(properties)
-            items[record.PROPERTY_UNIQ_KEY] = unique_key
-            if message.tags is not None:
-                items[record.PROPERTY_TAGS] = message.tags
-            if message.keys:
-                items[record.PROPERTY_KEYS] = record.KEY_SEPARATOR.join(message.keys)
-            try:
-                properties_bytes = record.encode_properties(items)
-            except record.CodecError as exc:
-                raise InvalidMessageError(str(exc)) from None
-        else:
-            # the common case: UNIQ_KEY, then TAGS and KEYS, whose encoding is cached per tag
-            unique_key = self._unique_keys.next()
-            keys = message.keys
-            suffix = self._property_suffixes.get(message.tags) if not keys else None
-            if suffix is None:
-                suffix = self._property_suffix(message.tags, keys)
-            properties_bytes = b"".join((_UNIQ_KEY_PREFIX, unique_key.encode("ascii"), suffix))
-        if len(properties_bytes) > record.MAX_PROPERTIES_BYTES:
-            raise InvalidMessageError(f"properties are {len(properties_bytes)} bytes, at most {record.MAX_PROPERTIES_BYTES}")
-        template = self._templates.get((topic, message.born_host))
-        if template is None:
-            template = self._template(topic, message.born_host)
-        if template.fixed_size + len(body) + len(properties_bytes) + record.BLANK_SIZE > self.commit_log.segment_size:
-            size = template.fixed_size + len(body) + len(properties_bytes)
-            raise InvalidMessageError(f"a {size}-byte record does not fit a {self.commit_log.segment_size}-byte segment")
-        return template, body, record.crc32(body) & 0x7FFFFFFF, properties_bytes, unique_key
-
-    def _property_suffix(self, tags: str | None, keys: list[str] | None) -> bytes:
-        """TAGS and KEYS as property bytes (after UNIQ_KEY); cached per tag when there are no keys."""
-        text = f"TAGS\x01{tags}\x02" if tags is not None else ""
-        if keys:
-            text = f"{text}KEYS\x01{record.KEY_SEPARATOR.join(keys)}\x02"
-        if text.count("\x01") != (tags is not None) + bool(keys) or text.count("\x02") != text.count("\x01"):
-            raise InvalidMessageError("tags or keys contain a \\x01 or \\x02 separator character")
-        try:
-            suffix = b"\x02" + text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidMessageError(f"tags or keys are not encodable as UTF-8: {exc.reason}") from None
-        if not keys and len(self._property_suffixes) < 10_000:
-            self._property_suffixes[tags] = suffix
-        return suffix
-
-    def _template(self, topic: str, born_host) -> record.RecordTemplate:
-        try:
-            template = record.RecordTemplate(topic, born_host, self.config.store_host)
-        except record.CodecError as exc:
-            raise InvalidMessageError(str(exc)) from None
-        except (ValueError, TypeError) as exc:  # a malformed host address or port
-            raise InvalidMessageError(f"cannot encode the message: {exc}") from None
-        if len(self._templates) < 10_000:
-            self._templates[(topic, born_host)] = template
-        return template
-
     def put(self, message: Message, on_durable: DurableCallback | None = None) -> PutResult:
         """Append one message.
 
@@ -438,7 +322,7 @@ class MessageStore:
     def _append_one(self, message: Message) -> PutResult:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        prepared = (self._prepare(message),)
+        prepared = (self._encoder.prepare(message),)
         stored: list[PutResult] = []
         with self._append_lock:
             if self._closed:
@@ -474,7 +358,7 @@ class MessageStore:
     def _append(self, messages) -> tuple[list[PutResult], int]:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        prepare = self._prepare
+        prepare = self._encoder.prepare
         prepared = [prepare(m) for m in messages]  # raises before anything is stored
         results: list[PutResult] = []
         with self._append_lock:

@@ -1,0 +1,147 @@
+"""MessageEncoder: what a message becomes before it has a place in the log.
+
+`prepare` validates a message against the store's limits and builds everything that does not
+depend on where it lands: its RecordTemplate (topic and hosts), body and body CRC, properties
+bytes with UNIQ_KEY (made here when the producer sent none), TAGS and KEYS.  The append then only
+packs the positional fields (`RecordTemplate.write_into`).  It runs outside the append lock.
+
+The caches (validated topics, templates, per-tag property suffixes) are bounded and only ever
+hold what was computed from the same inputs, so losing or racing on them changes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING
+
+from . import record
+from .errors import InvalidMessageError
+
+if TYPE_CHECKING:
+    from .message_store import Message, StoreConfig
+
+_UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
+
+
+class _UniqueKeys:
+    """UNIQ_KEY for messages that arrive without one: 32 uppercase hex characters, ip(4) +
+    pid(2) + random(4) + a counter(6) seeded from the clock, like RocketMQ's client ids."""
+
+    def __init__(self, host: str) -> None:
+        try:
+            ip = socket.inet_aton(host)
+        except OSError:
+            ip = b"\x7f\x00\x00\x01"
+        self._prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
+        # next() on a count is atomic under the GIL
+        self._counter = itertools.count((time.time_ns() // 1_000_000 << 8) & 0xFFFFFFFFFFFF)
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+
+
+class MessageEncoder:
+    def __init__(self, config: StoreConfig, segment_size: int) -> None:
+        self.config = config
+        self.segment_size = segment_size
+        self._unique_keys = _UniqueKeys(config.store_host[0])
+        self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
+        self._templates: dict[tuple, record.RecordTemplate] = {}  # (topic, born host) -> template
+        self._property_suffixes: dict[str | None, bytes] = {}  # tag -> its encoded TAGS property
+
+    def invalid(self, message: Message) -> str | None:
+        """Why the store will not take `message`, or None."""
+        cfg = self.config
+        topic = message.topic
+        if not isinstance(topic, str) or not topic:
+            return "topic must be a non-empty string"
+        if len(topic) > cfg.max_topic_bytes or len(topic.encode("utf-8")) > cfg.max_topic_bytes:
+            return f"topic is {len(topic.encode('utf-8'))} bytes, at most {cfg.max_topic_bytes}"
+        if "/" in topic or "\x00" in topic or topic in (".", ".."):
+            return f"topic {topic!r} contains '/' or NUL, or is a dot name"
+        if type(message.queue_id) is not int or not 0 <= message.queue_id <= cfg.max_queue_id:
+            return f"queue id {message.queue_id!r} out of range [0, {cfg.max_queue_id}]"
+        if not isinstance(message.body, (bytes, bytearray, memoryview)):
+            return "body must be bytes"
+        if len(message.body) > cfg.max_message_size:
+            return f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}"
+        return None
+
+    def prepare(self, message: Message) -> tuple:
+        """Validate `message` and build what does not depend on where it lands: (template, body,
+        body CRC, properties bytes, UNIQ_KEY).  Raises InvalidMessageError."""
+        cfg = self.config
+        topic, body, queue_id = message.topic, message.body, message.queue_id
+        if (
+            topic not in self._valid_topics
+            or type(queue_id) is not int
+            or not 0 <= queue_id <= cfg.max_queue_id
+            or type(body) is not bytes
+            or len(body) > cfg.max_message_size
+        ):
+            problem = self.invalid(message)
+            if problem:
+                raise InvalidMessageError(problem)
+            if len(self._valid_topics) < 100_000:
+                self._valid_topics.add(topic)
+            body = bytes(body)
+        properties = message.properties
+        if properties:
+            unique_key = properties.get(record.PROPERTY_UNIQ_KEY) or self._unique_keys.next()
+            items = dict(properties)
+            items[record.PROPERTY_UNIQ_KEY] = unique_key
+            if message.tags is not None:
+                items[record.PROPERTY_TAGS] = message.tags
+            if message.keys:
+                items[record.PROPERTY_KEYS] = record.KEY_SEPARATOR.join(message.keys)
+            try:
+                properties_bytes = record.encode_properties(items)
+            except record.CodecError as exc:
+                raise InvalidMessageError(str(exc)) from None
+        else:
+            # the common case: UNIQ_KEY, then TAGS and KEYS, whose encoding is cached per tag
+            unique_key = self._unique_keys.next()
+            keys = message.keys
+            suffix = self._property_suffixes.get(message.tags) if not keys else None
+            if suffix is None:
+                suffix = self._property_suffix(message.tags, keys)
+            properties_bytes = b"".join((_UNIQ_KEY_PREFIX, unique_key.encode("ascii"), suffix))
+        if len(properties_bytes) > record.MAX_PROPERTIES_BYTES:
+            raise InvalidMessageError(f"properties are {len(properties_bytes)} bytes, at most {record.MAX_PROPERTIES_BYTES}")
+        template = self._templates.get((topic, message.born_host))
+        if template is None:
+            template = self._template(topic, message.born_host)
+        if template.fixed_size + len(body) + len(properties_bytes) + record.BLANK_SIZE > self.segment_size:
+            size = template.fixed_size + len(body) + len(properties_bytes)
+            raise InvalidMessageError(f"a {size}-byte record does not fit a {self.segment_size}-byte segment")
+        return template, body, record.crc32(body) & 0x7FFFFFFF, properties_bytes, unique_key
+
+    def _property_suffix(self, tags: str | None, keys: list[str] | None) -> bytes:
+        """TAGS and KEYS as property bytes (after UNIQ_KEY); cached per tag when there are no keys."""
+        text = f"TAGS\x01{tags}\x02" if tags is not None else ""
+        if keys:
+            text = f"{text}KEYS\x01{record.KEY_SEPARATOR.join(keys)}\x02"
+        if text.count("\x01") != (tags is not None) + bool(keys) or text.count("\x02") != text.count("\x01"):
+            raise InvalidMessageError("tags or keys contain a \\x01 or \\x02 separator character")
+        try:
+            suffix = b"\x02" + text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidMessageError(f"tags or keys are not encodable as UTF-8: {exc.reason}") from None
+        if not keys and len(self._property_suffixes) < 10_000:
+            self._property_suffixes[tags] = suffix
+        return suffix
+
+    def _template(self, topic: str, born_host) -> record.RecordTemplate:
+        try:
+            template = record.RecordTemplate(topic, born_host, self.config.store_host)
+        except record.CodecError as exc:
+            raise InvalidMessageError(str(exc)) from None
+        except (ValueError, TypeError) as exc:  # a malformed host address or port
+            raise InvalidMessageError(f"cannot encode the message: {exc}") from None
+        if len(self._templates) < 10_000:
+            self._templates[(topic, born_host)] = template
+        return template
