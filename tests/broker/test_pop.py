@@ -321,6 +321,22 @@ def test_a_long_run_of_filtered_out_entries_does_not_hide_a_match_behind_it(harn
     assert bodies(got) == [b"wanted"]
 
 
+def test_a_receive_that_may_not_wait_returns_while_skipping_and_the_next_goes_on(harness):
+    from tidemq.broker.broker import _SCAN_LIMIT
+    from tidemq.store import Message
+
+    admin.create_topic(harness.broker, "Sparse", 1)
+    noise = 2 * _SCAN_LIMIT + 10
+    harness.store.put_batch([Message(topic="Sparse", body=b"noise", tags="noise") for _ in range(noise)])
+    harness.send("Sparse", b"wanted", tag="wanted")
+    receives = []
+    while not receives or not receives[-1]:
+        receives.append(harness.receive("G", "Sparse", expression="wanted", poll_ms=0))
+        assert len(receives) <= noise // _SCAN_LIMIT + 1, "receives must make progress"
+    # the first did not scan the whole run past its deadline; each one skipped its share
+    assert len(receives) > 1 and bodies(receives[-1]) == [b"wanted"]
+
+
 def test_an_open_telemetry_stream_keeps_a_client_alive_without_heartbeats(harness):
     broker = harness.broker
     broker.telemetry_opened("push-1")

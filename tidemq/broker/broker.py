@@ -228,12 +228,12 @@ class Broker:
             got = self.pop(sub, topic, group, tag_filter, req)
             if got or self.long_polling.closed or self.sessions.terminated(req.client_id):
                 return got
+            remaining = give_up - loop.time()
+            if remaining <= 0:
+                return got  # a scan cut short resumes at the next receive: its cursors moved on
             if self._scan_incomplete:  # filtered-out entries left to skip: go on, letting others run
                 await asyncio.sleep(0)
                 continue
-            remaining = give_up - loop.time()
-            if remaining <= 0:
-                return got
             due = sub.next_due()
             if due is not None:
                 remaining = min(remaining, max(0.0, (due - self.clock()) / 1000))
