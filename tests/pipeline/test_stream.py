@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pipeline_logs import sample_messages, store_config
 
 from tidemq.store import MessageStore
@@ -95,3 +96,31 @@ def test_latest_start_and_several_brokers(spark, tmp_path):
             query.stop()
         a.close()
         b.close()
+
+
+def test_a_numeric_start_must_be_where_a_record_starts(spark, tmp_path):
+    with MessageStore(tmp_path / "n", store_config()) as store:
+        written = [store.put(m) for m in sample_messages(40)]
+    end = written[-1].commit_log_offset + written[-1].size
+
+    def run(start) -> list[int]:
+        stream = (
+            spark.readStream.format("tidemq-commitlog")
+            .option("columns", "commit_log_offset")
+            .option("startingOffsets", str(start))
+            .load(str(tmp_path / "n"))
+        )
+        query = stream.writeStream.format("memory").queryName(f"from_{start}").start()
+        try:
+            query.processAllAvailable()
+            return offsets(spark, f"from_{start}")
+        finally:
+            query.stop()
+
+    tenth = written[10].commit_log_offset
+    assert run(tenth) == [r.commit_log_offset for r in written[10:]]
+    assert run(end) == []  # the end of the log: a tail of what comes next
+    with pytest.raises(Exception, match=f"inside a record; the next record starts at {tenth}"):
+        run(tenth - 5)
+    with pytest.raises(Exception, match=f"past the end of its log, {end}"):
+        run(end + 100)

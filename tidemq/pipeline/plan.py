@@ -173,6 +173,16 @@ def log_end(log: CommitLogDir, start: int, stop: int = NO_END) -> int:
     return position
 
 
+def record_boundary_from(log: CommitLogDir, offset: int) -> int:
+    """The first record boundary at or after `offset`, found by walking its segment from the
+    segment's start (or the end of the valid records, if that comes first): equal to `offset`
+    exactly when a reader may start there."""
+    found = segments(log.directory)
+    starts = [seg_start for seg_start, _, size in found if seg_start <= offset < seg_start + size]
+    walk_from = starts[0] if starts else (found[-1][0] if found else 0)
+    return log_end(log, min(walk_from, offset), stop=offset)
+
+
 def first_offset(log: CommitLogDir) -> int:
     """The log's minimum offset: the start of its oldest segment (0 for an empty log)."""
     found = segments(log.directory)

@@ -41,7 +41,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             elif self.starting == "latest":
                 offsets[log.broker] = planning.log_end(log, first)
             else:
-                offsets[log.broker] = max(int(self.starting), first)
+                offsets[log.broker] = _record_start(log, max(int(self.starting), first))
         return offsets
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -77,3 +77,18 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def commit(self, end: dict) -> None:
         pass
+
+
+def _record_start(log: CommitLogDir, offset: int) -> int:
+    """`offset`, if a record starts there (or the log ends there); a stream started anywhere else
+    would wait forever for a record boundary that never comes, so that is an error."""
+    boundary = planning.record_boundary_from(log, offset)
+    if boundary > offset:
+        raise ValueError(
+            f"startingOffsets {offset} for broker {log.broker!r} is inside a record; the next record starts at {boundary}"
+        )
+    if boundary < offset:
+        raise ValueError(
+            f"startingOffsets {offset} for broker {log.broker!r} is past the end of its log, {boundary}"
+        )
+    return offset
