@@ -13,11 +13,8 @@ import logging
 import signal
 import sys
 
-import grpc
-from rocketmq.grpc_protocol import service_pb2_grpc
-
 from .broker import Broker, BrokerConfig
-from .protocol.grpc import MessagingService, admin_handler
+from .protocol.grpc import GrpcServer, MessagingService, admin_methods
 from .serve_options import ServeOptions, resolve_options
 from .store import MessageStore, StoreConfig
 
@@ -45,7 +42,7 @@ class Server:
         )
         self.store: MessageStore | None = None
         self.broker: Broker | None = None
-        self.grpc_server: grpc.aio.Server | None = None
+        self.grpc_server: GrpcServer | None = None
         self.port = 0
 
     async def start(self) -> int:
@@ -53,16 +50,15 @@ class Server:
         self.store = await loop.run_in_executor(None, MessageStore, self.options.store, self.store_config)
         self.broker = Broker(self.store, self.broker_config)
         self.broker.start(loop)
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         service = self.service = MessagingService(self.broker)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
-        server.add_generic_rpc_handlers((admin_handler(self.broker),))
+        server = GrpcServer({**service.methods(), **admin_methods(self.broker)},
+                            options=(("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)))
         self.port = server.add_insecure_port(self.options.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.options.listen}")
         host = self.options.listen.rpartition(":")[0]
         service.listen_address = f"{host}:{self.port}"
-        await server.start()
+        server.start()
         self.grpc_server = server
         return self.port
 
@@ -100,8 +96,8 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def event_loop_factory(choice: str):
-    """The event loop `serve` runs on.  uvloop's costs less CPU per gRPC call than asyncio's
-    (grpc.aio hands every completion to the loop); `auto` takes it when it is installed."""
+    """The event loop `serve` runs on.  uvloop's costs less CPU per gRPC call than asyncio's;
+    `auto` takes it when it is installed."""
     if choice == "asyncio":
         return asyncio.new_event_loop
     try:

@@ -10,6 +10,7 @@ import logging
 import grpc
 
 from ...broker import Broker, BrokerError, admin
+from .transport import UNARY, Method
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +25,11 @@ def _decode(data: bytes):
     return json.loads(data or b"{}")
 
 
-def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
+def admin_methods(broker: Broker) -> dict[str, Method]:
+    """The transport's method table for `tidemq.Admin`."""
+
     def call(function):
-        async def handle(request, context):
+        def handle(request, rpc):
             try:
                 return {"result": function(broker, **request)}
             except BrokerError as exc:
@@ -34,7 +37,8 @@ def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
             except TypeError as exc:
                 return {"error": {"code": "BAD_REQUEST", "message": str(exc)}}
 
-        return grpc.unary_unary_rpc_method_handler(handle, request_deserializer=_decode, response_serializer=_encode)
+        handle.__name__ = function.__name__
+        return Method(UNARY, handle, _decode, _encode)
 
     methods = {
         "CreateTopic": admin.create_topic,
@@ -43,7 +47,7 @@ def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
         "ListGroups": admin.list_groups,
         "Stats": admin.stats,
     }
-    return grpc.method_handlers_generic_handler(SERVICE, {name: call(f) for name, f in methods.items()})
+    return {f"/{SERVICE}/{name}": call(f) for name, f in methods.items()}
 
 
 def admin_call(address: str, method: str, timeout: float = 10.0, **arguments):

@@ -1,33 +1,34 @@
 """apache.rocketmq.v2.MessagingService over the broker: decode the request, call the broker,
 encode the answer.  Business errors travel in `response.status` with the gRPC status OK, as the
-Java proxy does; every response carries a status."""
+Java proxy does; every response carries a status.
+
+Handlers take the request and the call (`transport.Rpc`: metadata, peer, deadline).  Those that
+need not wait are plain functions: the transport answers them without a task."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 
-import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc
 
 from ...broker import Broker, BrokerError, Code, ReceiveRequest, validation
 from . import convert
+from .transport import BIDI_STREAM, SERVER_STREAM, UNARY, Method, Rpc
 
 log = logging.getLogger(__name__)
 
+SERVICE = "apache.rocketmq.v2.MessagingService"
 CLIENT_ID_HEADER = "x-mq-client-id"
 POLL_MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
 _RECEIVE_OK = svc.ReceiveMessageResponse(status=convert.OK)  # first response of a receive that found messages
 
 
-def _client_id(context: grpc.aio.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == CLIENT_ID_HEADER:
-            return value
-    return ""
+def _client_id(rpc: Rpc) -> str:
+    return rpc.metadata_value(CLIENT_ID_HEADER)
 
 
 def _set_overall_status(response, failed: bool) -> None:
@@ -41,42 +42,79 @@ def _set_overall_status(response, failed: bool) -> None:
     response.status.CopyFrom(entries[0].status if len(codes) == 1 else convert.status(Code.MULTIPLE_RESULTS))
 
 
-def _peer_host(context: grpc.aio.ServicerContext) -> str:
-    peer = context.peer() or ""  # "ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412"
+@functools.lru_cache(maxsize=1024)
+def _host_of(peer: str) -> str:
+    """"ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412" -> the host."""
     _, _, rest = peer.partition(":")
     host, _, _ = rest.rpartition(":")
     return host.strip("[]") or "127.0.0.1"
 
 
+def _peer_host(rpc: Rpc) -> str:
+    return _host_of(rpc.peer())
+
+
 def unary(response_type):
-    """Run a unary handler; a BrokerError (or a missing client id) becomes the response's status,
-    anything else is logged and answered with INTERNAL_ERROR."""
+    """Run a unary handler (plain or async); a BrokerError (or a missing client id) becomes the
+    response's status, anything else is logged and answered with INTERNAL_ERROR."""
+
+    def failed(handler, exc: Exception):
+        if isinstance(exc, BrokerError):
+            return response_type(status=convert.status(exc.code, exc.message))
+        log.error("%s failed", handler.__name__, exc_info=exc)
+        return response_type(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
+
+    def missing_client_id():
+        return BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
 
     def decorate(handler):
-        @functools.wraps(handler)
-        async def wrapper(self, request, context):
-            try:
-                if not _client_id(context):
-                    raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
-                return await handler(self, request, context)
-            except BrokerError as exc:
-                return response_type(status=convert.status(exc.code, exc.message))
-            except Exception:
-                log.exception("%s failed", handler.__name__)
-                return response_type(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
+        if inspect.iscoroutinefunction(handler):
+            @functools.wraps(handler)
+            async def wrapper(self, request, rpc):
+                try:
+                    if not _client_id(rpc):
+                        raise missing_client_id()
+                    return await handler(self, request, rpc)
+                except Exception as exc:
+                    return failed(handler, exc)
+        else:
+            @functools.wraps(handler)
+            def wrapper(self, request, rpc):
+                try:
+                    if not _client_id(rpc):
+                        raise missing_client_id()
+                    return handler(self, request, rpc)
+                except Exception as exc:
+                    return failed(handler, exc)
 
+        wrapper.response_type = response_type
         return wrapper
 
     return decorate
 
 
-class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+class MessagingService:
     def __init__(self, broker: Broker, listen_address: str = "127.0.0.1:8081") -> None:
         self.broker = broker
         self.listen_address = listen_address  # advertised when a client names no endpoint
         self.closing = asyncio.Event()  # set at shutdown: telemetry streams end
 
-    def _advertised(self, requested: pb.Endpoints, context) -> pb.Endpoints:
+    def methods(self) -> dict[str, Method]:
+        """The transport's method table: the RPCs the SDK makes (others are UNIMPLEMENTED)."""
+        def method(name, kind, request_type, response_type):
+            return Method(kind, getattr(self, name), request_type.FromString, response_type.SerializeToString)
+
+        table = {name: method(name, UNARY, getattr(svc, f"{name}Request"), getattr(svc, f"{name}Response"))
+                 for name in ("QueryRoute", "Heartbeat", "SendMessage", "QueryAssignment", "AckMessage",
+                              "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue",
+                              "NotifyClientTermination", "EndTransaction", "RecallMessage", "SyncLiteSubscription")}
+        table["ReceiveMessage"] = method("ReceiveMessage", SERVER_STREAM, svc.ReceiveMessageRequest,
+                                         svc.ReceiveMessageResponse)
+        table["Telemetry"] = Method(BIDI_STREAM, self.Telemetry, svc.TelemetryCommand.FromString,
+                                    svc.TelemetryCommand.SerializeToString)
+        return {f"/{SERVICE}/{name}": m for name, m in table.items()}
+
+    def _advertised(self, requested: pb.Endpoints) -> pb.Endpoints:
         address = self.broker.config.advertised_address
         if address:
             return convert.endpoints(address)
@@ -85,20 +123,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return convert.endpoints(self.listen_address)
 
     @unary(svc.QueryRouteResponse)
-    async def QueryRoute(self, request, context):
+    def QueryRoute(self, request, rpc):
         topic = self.broker.route(convert.resource_name(request.topic))
-        where = self._advertised(request.endpoints, context)
+        where = self._advertised(request.endpoints)
         queues = convert.message_queues(topic, request.topic, self.broker.config.broker_name, where)
         return svc.QueryRouteResponse(status=convert.OK, message_queues=queues)
 
     @unary(svc.HeartbeatResponse)
-    async def Heartbeat(self, request, context):
+    def Heartbeat(self, request, rpc):
         client_type = convert.CLIENT_TYPE_NAMES.get(request.client_type, "")
-        self.broker.heartbeat(_client_id(context), client_type, convert.resource_name(request.group))
+        self.broker.heartbeat(_client_id(rpc), client_type, convert.resource_name(request.group))
         return svc.HeartbeatResponse(status=convert.OK)
 
     @unary(svc.SendMessageResponse)
-    async def SendMessage(self, request, context):
+    async def SendMessage(self, request, rpc):
         if not request.messages:
             raise BrokerError(Code.BAD_REQUEST, "no message to send")
         publishes, results = [], []
@@ -108,7 +146,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             except BrokerError as exc:
                 publishes.append(exc)
         stored = iter(await self.broker.send_batch([p for p in publishes if not isinstance(p, BrokerError)],
-                                                   _peer_host(context)))
+                                                   _peer_host(rpc)))
         response = svc.SendMessageResponse()
         entries = response.entries
         failed = 0
@@ -125,7 +163,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return response
 
     @unary(svc.QueryAssignmentResponse)
-    async def QueryAssignment(self, request, context):
+    def QueryAssignment(self, request, rpc):
         broker = self.broker
         topic = broker.route(convert.resource_name(request.topic))
         group = convert.resource_name(request.group)
@@ -133,19 +171,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         broker.group(group)
         if topic.perm & 4 == 0:
             raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
-        where = self._advertised(request.endpoints, context)
+        where = self._advertised(request.endpoints)
         queues = convert.message_queues(topic, request.topic, broker.config.broker_name, where, [-1])
         return svc.QueryAssignmentResponse(status=convert.OK, assignments=[pb.Assignment(message_queue=q) for q in queues])
 
-    async def ReceiveMessage(self, request, context):
-        client_id = _client_id(context)
+    async def ReceiveMessage(self, request, rpc):
+        """The responses of one receive: status, one per message, delivery timestamp (or a single
+        status for an error).  If the stream breaks, what was not written comes back soon."""
+        client_id = _client_id(rpc)
         try:
             if not client_id:
                 raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
             poll_ms = request.long_polling_timeout.ToMilliseconds() if request.HasField("long_polling_timeout") else 0
-            remaining = context.time_remaining()
-            if remaining is not None and poll_ms > 0:
-                poll_ms = max(0, min(poll_ms, int((remaining - POLL_MARGIN_S) * 1000)))
+            if poll_ms > 0:
+                poll_ms = max(0, min(poll_ms, int((rpc.time_remaining() - POLL_MARGIN_S) * 1000)))
             req = ReceiveRequest(
                 group=convert.resource_name(request.group),
                 topic=convert.resource_name(request.message_queue.topic),
@@ -159,36 +198,34 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             )
             received = await self.broker.receive(req)
         except BrokerError as exc:
-            yield svc.ReceiveMessageResponse(status=convert.status(exc.code, exc.message))
-            return
+            return [svc.ReceiveMessageResponse(status=convert.status(exc.code, exc.message))]
         except Exception:
             log.exception("ReceiveMessage failed")
-            yield svc.ReceiveMessageResponse(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
-            return
+            return [svc.ReceiveMessageResponse(status=convert.status(Code.INTERNAL_ERROR, "internal error"))]
+        done = svc.ReceiveMessageResponse()
+        done.delivery_timestamp.FromMilliseconds(self.broker.clock())
+        if not received:
+            return [svc.ReceiveMessageResponse(status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message")), done]
+
+        def unwritten(count: int) -> None:
+            count = min(count - 1, len(received))  # the delivery timestamp is the last response
+            if count > 0:
+                self.broker.release(req.group, req.topic, [r.receipt_handle for r in received[-count:]])
+
+        rpc.on_unwritten = unwritten
         namespace = request.message_queue.topic.resource_namespace
         now = self.broker.clock()
-        written = 0
-        try:
-            if not received:
-                yield svc.ReceiveMessageResponse(status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message"))
-            else:
-                yield _RECEIVE_OK
-                fill = convert.fill_delivered_message
-                for r in received:
-                    response = svc.ReceiveMessageResponse()
-                    fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt,
-                         r.invisible_until - now)
-                    yield response
-                    written += 1
-            done = svc.ReceiveMessageResponse()
-            done.delivery_timestamp.FromMilliseconds(self.broker.clock())
-            yield done
-        finally:
-            if written < len(received):  # the stream broke: what was not written comes back soon
-                self.broker.release(req.group, req.topic, [r.receipt_handle for r in received[written:]])
+        responses = [_RECEIVE_OK]
+        fill = convert.fill_delivered_message
+        for r in received:
+            response = svc.ReceiveMessageResponse()
+            fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt, r.invisible_until - now)
+            responses.append(response)
+        responses.append(done)
+        return responses
 
     @unary(svc.AckMessageResponse)
-    async def AckMessage(self, request, context):
+    def AckMessage(self, request, rpc):
         if not request.entries:
             raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
         failures = self.broker.ack_many(convert.resource_name(request.group), convert.resource_name(request.topic),
@@ -201,10 +238,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         _set_overall_status(response, any(failures))
         return response
 
-    async def ChangeInvisibleDuration(self, request, context):
+    def ChangeInvisibleDuration(self, request, rpc):
         handle = request.receipt_handle
         try:
-            if not _client_id(context):
+            if not _client_id(rpc):
                 raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
             handle = self.broker.change_invisible(convert.resource_name(request.group),
                                                   convert.resource_name(request.topic), request.receipt_handle,
@@ -218,32 +255,31 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return svc.ChangeInvisibleDurationResponse(status=result_status, receipt_handle=handle)
 
     @unary(svc.ForwardMessageToDeadLetterQueueResponse)
-    async def ForwardMessageToDeadLetterQueue(self, request, context):
+    async def ForwardMessageToDeadLetterQueue(self, request, rpc):
         await self.broker.forward_to_dead_letter(convert.resource_name(request.group), convert.resource_name(request.topic),
                                                  request.receipt_handle)
         return svc.ForwardMessageToDeadLetterQueueResponse(status=convert.OK)
 
     @unary(svc.NotifyClientTerminationResponse)
-    async def NotifyClientTermination(self, request, context):
-        self.broker.client_terminated(_client_id(context))
+    def NotifyClientTermination(self, request, rpc):
+        self.broker.client_terminated(_client_id(rpc))
         return svc.NotifyClientTerminationResponse(status=convert.OK)
 
-    async def Telemetry(self, request_iterator, context):
-        client_id = _client_id(context)
+    async def Telemetry(self, rpc):
+        client_id = _client_id(rpc)
         self.broker.telemetry_opened(client_id)
         closing = asyncio.ensure_future(self.closing.wait())
         try:
             while True:
-                read = asyncio.ensure_future(context.read())
+                read = rpc.read()
                 await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
                 if not read.done():  # shutting down: end the stream, the client reconnects elsewhere
-                    read.cancel()
                     return
                 command = read.result()
-                if command is grpc.aio.EOF:
+                if command is None:
                     return
                 if command.HasField("settings"):
-                    await context.write(self._settings_reply(client_id, command.settings))
+                    await rpc.write(self._settings_reply(client_id, command.settings))
         finally:
             closing.cancel()
             self.broker.telemetry_closed(client_id)
@@ -263,11 +299,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except BrokerError as exc:
             return svc.TelemetryCommand(status=convert.status(exc.code, exc.message))
 
-    async def EndTransaction(self, request, context):
+    def EndTransaction(self, request, rpc):
         return svc.EndTransactionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "transactions are not supported yet"))
 
-    async def RecallMessage(self, request, context):
+    def RecallMessage(self, request, rpc):
         return svc.RecallMessageResponse(status=convert.status(Code.NOT_IMPLEMENTED, "recalling delay messages is not supported yet"))
 
-    async def SyncLiteSubscription(self, request, context):
+    def SyncLiteSubscription(self, request, rpc):
         return svc.SyncLiteSubscriptionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "lite topics are not supported yet"))
