@@ -267,3 +267,26 @@ def test_query_assignment_gives_one_topic_wide_queue_with_endpoints(server, stub
     assert assignment.message_queue.id == -1
     assert assignment.message_queue.broker.endpoints.addresses[0].port == server.port
     assert list(assignment.message_queue.accept_message_types) == [pb.NORMAL]
+
+
+def test_methods_the_broker_does_not_serve_are_unimplemented(server):
+    with grpc.insecure_channel(server.address) as channel:
+        pull = channel.unary_stream("/apache.rocketmq.v2.MessagingService/PullMessage",
+                                    request_serializer=svc.PullMessageRequest.SerializeToString,
+                                    response_deserializer=svc.PullMessageResponse.FromString)
+        with pytest.raises(grpc.RpcError) as raised:
+            list(pull(svc.PullMessageRequest(), metadata=META, timeout=5))
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        unknown = channel.unary_unary("/tidemq.Admin/NoSuchMethod")
+        with pytest.raises(grpc.RpcError) as raised:
+            unknown(b"{}", timeout=5)
+        assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_request_that_is_not_the_methods_message_fails_the_call_and_the_server_goes_on(server, stub):
+    with grpc.insecure_channel(server.address) as channel:
+        heartbeat = channel.unary_unary("/apache.rocketmq.v2.MessagingService/Heartbeat")
+        with pytest.raises(grpc.RpcError) as raised:
+            heartbeat(b"\xff\xff\xff", metadata=META, timeout=5)  # not a protobuf message
+        assert raised.value.code() == grpc.StatusCode.INTERNAL
+    assert stub.Heartbeat(svc.HeartbeatRequest(), metadata=META, timeout=5).status.code == pb.OK

@@ -385,9 +385,7 @@ class GrpcServer:
             self._finish(rpc, cygrpc.StatusCode.internal, "the request message cannot be decoded")
             return
         rpc.request = request
-        if method.kind == SERVER_STREAM:
-            self._spawn(rpc, self._respond_stream(rpc))
-            return
+        respond = self._respond if method.kind == UNARY else self._write_stream
         try:
             response = method.handler(request, rpc)
         except Exception:
@@ -395,9 +393,9 @@ class GrpcServer:
             self._finish(rpc, cygrpc.StatusCode.unknown, "internal error")
             return
         if asyncio.iscoroutine(response):
-            self._spawn(rpc, self._respond_later(rpc, response))
+            self._spawn(rpc, self._respond_later(rpc, response, respond))
         else:
-            self._respond(rpc, response)
+            respond(rpc, response)
 
     def _spawn(self, rpc: Rpc, coroutine) -> None:
         task = rpc.task = self.loop.create_task(coroutine)
@@ -413,35 +411,7 @@ class GrpcServer:
             cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),
         ), _DONE))
 
-    def _finish(self, rpc: Rpc, code, details: str = "") -> None:
-        ops = (*rpc._initial(), cygrpc.SendStatusFromServerOperation(_NO_METADATA, code, details.encode(), _NO_FLAGS))
-        if rpc.method.kind == UNARY:
-            ops += (cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),)
-        rpc._start((ops, _DONE))
-
-    async def _respond_later(self, rpc: Rpc, coroutine) -> None:
-        try:
-            response = await coroutine
-        except asyncio.CancelledError:
-            self._finish(rpc, cygrpc.StatusCode.cancelled, "cancelled")
-            raise
-        except Exception:
-            log.exception("%s failed", rpc.method.handler.__name__)
-            self._finish(rpc, cygrpc.StatusCode.unknown, "internal error")
-            return
-        self._respond(rpc, response)
-
-    async def _respond_stream(self, rpc: Rpc) -> None:
-        method = rpc.method
-        try:
-            responses = await method.handler(rpc.request, rpc)
-        except asyncio.CancelledError:
-            self._finish(rpc, cygrpc.StatusCode.cancelled, "cancelled")
-            raise
-        except Exception:
-            log.exception("%s failed", method.handler.__name__)
-            self._finish(rpc, cygrpc.StatusCode.unknown, "internal error")
-            return
+    def _write_stream(self, rpc: Rpc, responses: list) -> None:
         if rpc.cancelled:
             if rpc.on_unwritten is not None:
                 rpc.on_unwritten(len(responses))
@@ -449,8 +419,26 @@ class GrpcServer:
         if not responses:
             self._finish(rpc, _OK)
             return
-        encode = method.encode
+        encode = rpc.method.encode
         _Writes(rpc, collections.deque(encode(r) for r in responses)).start_next()
+
+    def _finish(self, rpc: Rpc, code, details: str = "") -> None:
+        ops = (*rpc._initial(), cygrpc.SendStatusFromServerOperation(_NO_METADATA, code, details.encode(), _NO_FLAGS))
+        if rpc.method.kind == UNARY:
+            ops += (cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),)
+        rpc._start((ops, _DONE))
+
+    async def _respond_later(self, rpc: Rpc, awaitable, respond) -> None:
+        try:
+            response = await awaitable
+        except asyncio.CancelledError:
+            self._finish(rpc, cygrpc.StatusCode.cancelled, "cancelled")
+            raise
+        except Exception:
+            log.exception("%s failed", rpc.method.handler.__name__)
+            self._finish(rpc, cygrpc.StatusCode.unknown, "internal error")
+            return
+        respond(rpc, response)
 
     async def _stream(self, rpc: Rpc) -> None:
         try:
