@@ -11,7 +11,7 @@ read from /proc/<pid>/stat (user + system, all threads) around each phase.  Prin
 - is the server the bottleneck for SDK clients: P SDK producer processes (send_async), then P SDK
   simple-consumer processes (threads of receive + ack), flat out; each client's CPU utilisation
   (CPU seconds / wall seconds) next to the server's, and CPU per message on both sides;
-- the server CPU of an empty call (Heartbeat): the grpc.aio floor every RPC pays;
+- the server CPU of an empty call (Heartbeat): the gRPC transport's floor every RPC pays;
 - load generator: P processes x C concurrent raw SendMessage calls, then raw ReceiveMessage(32) +
   AckMessage, first with one message per call (as the SDK does), then batched (B messages per
   SendMessage, B entries per AckMessage): server throughput and server CPU seconds per 10,000
@@ -348,7 +348,7 @@ async def _heartbeats(address: str, count: int, concurrency: int) -> None:
 
 
 def heartbeat_floor(server: Server, count: int) -> float:
-    """Server CPU seconds per call that does nothing: what grpc.aio itself costs per call."""
+    """Server CPU seconds per call that does nothing: what the gRPC transport itself costs per call."""
     cpu0 = server.cpu_seconds()
     asyncio.run(_heartbeats(server.address, count, 64))
     return (server.cpu_seconds() - cpu0) / count
@@ -418,7 +418,7 @@ def main() -> int:
                   f"  -> {'server has headroom' if headroom else 'THE SERVER IS THE BOTTLENECK'}")
 
         floor = heartbeat_floor(server, 5000)
-        print(f"reference: empty Heartbeat calls     : server CPU {floor * 1e6:.0f} us/call (grpc.aio per-call floor here)")
+        print(f"reference: empty Heartbeat calls     : server CPU {floor * 1e6:.0f} us/call (the gRPC transport's per-call floor)")
         for batch in (1, args.batch):
             topic, group = f"BenchLoad{uuid.uuid4().hex[:6]}", f"BenchLoadGroup{uuid.uuid4().hex[:6]}"
             count = args.load_messages if batch > 1 else args.load_messages // 4
