@@ -13,7 +13,8 @@ wake-up under load), and answers a unary call with one batch: initial metadata, 
 the status.  The same empty call then costs about 80-100 us of server CPU.
 
 The core is reached through grpcio's Cython layer (`grpc._cython.cygrpc`), the API grpcio's own
-synchronous server is written on.
+synchronous server is written on.  It is not public, so `pyproject.toml` holds grpcio to the
+release series this is tested with.
 
 Threads and ownership: callbacks of `_Tag.on_event` run on the completion-queue thread; they are
 short and never touch the broker.  Everything else runs on the event loop.  The two share `_inbox`
