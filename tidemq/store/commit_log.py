@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from . import record
-from .page_warmer import PageWarmer
+from .page_warmer import MADV_POPULATE_WRITE, PageWarmer
 from .record import BLANK_SIZE, EncodedMessage
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ DEFAULT_SEGMENT_SIZE = 1 << 30
 # in an fsync's latency, big enough to replace 256 page faults with one call.  (Sync flush
 # gains too: 64 asyncio putters 35 -> 30 us of CPU per message, 49 -> 58 messages per fsync.)
 WARM_AHEAD = 1 << 20
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 # With a background PageWarmer (async flush), appends ask it to keep the segment warm this far
 # ahead, again every BACKGROUND_WARM_STEP bytes.  Each flush writes back at most this much of
 # zeros ahead of the data once.

@@ -29,7 +29,7 @@ import threading
 
 log = logging.getLogger(__name__)
 
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 CHUNK = 512 << 10  # one madvise call at a time, so `forget` never waits long
 
 
