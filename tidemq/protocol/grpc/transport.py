@@ -442,15 +442,9 @@ class GrpcServer:
         respond(rpc, response)
 
     async def _stream(self, rpc: Rpc) -> None:
-        try:
-            await rpc.method.handler(rpc)
-        except asyncio.CancelledError:
-            self._finish(rpc, cygrpc.StatusCode.cancelled, "cancelled")
-            raise
-        except Exception:
-            log.exception("%s failed", rpc.method.handler.__name__)
-            self._finish(rpc, cygrpc.StatusCode.unknown, "internal error")
-            return
+        await self._respond_later(rpc, rpc.method.handler(rpc), self._finish_ok)
+
+    def _finish_ok(self, rpc: Rpc, _result) -> None:
         self._finish(rpc, _OK)
 
     def _cancel(self, rpc: Rpc) -> None:
