@@ -65,6 +65,14 @@ def drain(consumer: SimpleConsumer, want: set[str], give_up_s: float = 60) -> se
     return seen
 
 
+def visible(address: str, topic: str) -> int:
+    """How many entries of `topic` readers can see (dispatched), over all its queues."""
+    for t in admin_call(address, "ListTopics"):
+        if t["name"] == topic:
+            return sum(q["max_offset"] - q["min_offset"] for q in t["queues"])
+    return 0
+
+
 def group_progress(address: str, group: str, topic: str) -> dict:
     for g in admin_call(address, "ListGroups"):
         for t in g["topics"]:
@@ -97,6 +105,9 @@ def test_restart_mid_stream_loses_nothing_and_unacked_handles_survive(tmp_path):
     server = ServerProcess(tmp_path / "store").start()
     with sending(server, "Restart") as (topic, group, consumer, loop):
         wait_until(lambda: len(loop.sent) >= 50, what="50 sends")
+        # a receive answers with what is visible then: wait until dispatch (which may trail the
+        # acknowledged sends on a loaded machine) has made five visible, so the batch is full
+        wait_until(lambda: visible(server.address, topic) >= 5, what="5 visible entries")
         held = consumer.receive(5, 60)  # delivered, not acked across the restart
         assert len(held) == 5
         assert server.stop() == 0
