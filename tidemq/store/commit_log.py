@@ -264,9 +264,7 @@ class CommitLog:
         self._active = None
         self._ready_end = 0
         for segment in later:
-            self._forget(segment)
-            segment.close()
-            segment.path.unlink(missing_ok=True)
+            self._remove(segment)
         segment = self.segment_for(end)
         if segment is not None:
             pos = end - segment.start
@@ -281,14 +279,15 @@ class CommitLog:
             doomed = [s for s in self.segments[:-1] if s.end <= offset and s.end <= self.write_position]
             self.segments = [s for s in self.segments if s not in doomed]
         for segment in doomed:
-            self._forget(segment)
-            segment.close()
-            segment.path.unlink(missing_ok=True)
+            self._remove(segment)
         return doomed
 
-    def _forget(self, segment: Segment) -> None:
+    def _remove(self, segment: Segment) -> None:
+        """Unmap and delete a segment already taken out of `segments` (no warming on it after)."""
         if self._warmer is not None:
             self._warmer.forget(segment)
+        segment.close()
+        segment.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         self._active = None

@@ -282,13 +282,9 @@ class MessageStore:
         if blocking:
             group_commit.begin()
         try:
-            result = self._append_one(message)
-            if group_commit is None and on_durable is None:  # async flush: wake the dispatcher
-                if not self._dispatch_event_set:
-                    self._dispatch_event_set = True
-                    self._dispatch_event.set()
-            else:
-                self._await_durable(result.commit_log_offset + result.size, blocking, on_durable, result)
+            results, end = self._append((message,))
+            result = results[0]
+            self._await_durable(end, blocking, on_durable, result)
         finally:
             if blocking:
                 group_commit.end()
@@ -299,15 +295,11 @@ class MessageStore:
         policy; returns its PutResult (or list of them) and the log offset that must be durable
         before the caller may call it stored (see `await_flush`).  Raises as `put` and
         `put_batch` do when nothing, or only part of a batch, is stored."""
-        if type(messages) is list:
-            result, end = self._append(messages)
-        else:
-            result = self._append_one(messages)
-            end = result.commit_log_offset + result.size
-        if self.group_commit is None and not self._dispatch_event_set:
-            self._dispatch_event_set = True
-            self._dispatch_event.set()
-        return result, end
+        one = type(messages) is not list
+        results, end = self._append((messages,) if one else messages)
+        if self.group_commit is None:
+            self._wake_dispatcher()
+        return (results[0] if one else results), end
 
     def await_flush(self, end_offset: int, listener: FlushListener) -> bool:
         """True if the log up to `end_offset` is already durable under the flush policy (always,
@@ -318,22 +310,6 @@ class MessageStore:
             return True
         group_commit.request(end_offset, listener)
         return False
-
-    def _append_one(self, message: Message) -> PutResult:
-        if self._closed:
-            raise StoreClosedError("the store is closed")
-        prepared = (self._encoder.prepare(message),)
-        stored: list[PutResult] = []
-        with self._append_lock:
-            if self._closed:
-                raise StoreClosedError("the store is closed")
-            try:
-                self._append_locked((message,), prepared, self.clock(), stored)
-            except OSError as exc:
-                raise StoreIOError(exc.errno, f"append failed, nothing stored: {exc.strerror or exc}") from exc
-            result = stored[0]
-            self._last_written = (result.commit_log_offset + result.size, result.store_timestamp)
-        return result
 
     def put_batch(self, messages: list[Message], on_durable: DurableCallback | None = None) -> list[PutResult]:
         """Append several messages under one lock and one durability wait, in order.
@@ -368,9 +344,8 @@ class MessageStore:
             try:
                 self._append_locked(messages, prepared, store_timestamp, results)
             except OSError as exc:
-                error = StoreIOError(
-                    exc.errno, f"append failed, nothing stored from message {len(results)} of the batch on: {exc.strerror or exc}"
-                )
+                cut = f" from message {len(results)} of the batch on" if len(messages) > 1 else ""
+                error = StoreIOError(exc.errno, f"append failed, nothing stored{cut}: {exc.strerror or exc}")
                 error.stored = len(results)
                 error.results = list(results)
                 raise error from exc
@@ -428,11 +403,15 @@ class MessageStore:
         elif group_commit is not None:
             group_commit.register(end, on_durable, token)
         else:
-            if not self._dispatch_event_set:
-                self._dispatch_event_set = True
-                self._dispatch_event.set()
+            self._wake_dispatcher()
             if on_durable is not None:
                 on_durable(token, None)
+
+    def _wake_dispatcher(self) -> None:
+        """Async flush: what is written may be dispatched now (one Event.set per round)."""
+        if not self._dispatch_event_set:
+            self._dispatch_event_set = True
+            self._dispatch_event.set()
 
     # -- reading --------------------------------------------------------------------------------
 
