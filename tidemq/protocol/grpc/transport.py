@@ -365,7 +365,7 @@ class GrpcServer:
     def _drain(self) -> None:
         self._wake_pending = False  # before draining: a call posted from now on wakes the loop again
         inbox = self._inbox
-        while inbox:
+        for _ in range(len(inbox)):  # what arrives meanwhile waits for the next wake-up: others run first
             function, args = inbox.popleft()
             try:
                 function(*args)
@@ -404,13 +404,7 @@ class GrpcServer:
         task.add_done_callback(self._tasks.discard)
 
     def _respond(self, rpc: Rpc, response) -> None:
-        rpc._initial_sent = True
-        rpc._start(((
-            cygrpc.SendInitialMetadataOperation(_NO_METADATA, _NO_FLAGS),
-            cygrpc.SendMessageOperation(rpc.method.encode(response), _NO_FLAGS),
-            cygrpc.SendStatusFromServerOperation(_NO_METADATA, _OK, b"", _NO_FLAGS),
-            cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),
-        ), _DONE))
+        self._finish(rpc, _OK, message=rpc.method.encode(response))
 
     def _write_stream(self, rpc: Rpc, responses: list) -> None:
         if rpc.cancelled:
@@ -423,8 +417,12 @@ class GrpcServer:
         encode = rpc.method.encode
         _Writes(rpc, collections.deque(encode(r) for r in responses)).start_next()
 
-    def _finish(self, rpc: Rpc, code, details: str = "") -> None:
-        ops = (*rpc._initial(), cygrpc.SendStatusFromServerOperation(_NO_METADATA, code, details.encode(), _NO_FLAGS))
+    def _finish(self, rpc: Rpc, code, details: str = "", message: bytes | None = None) -> None:
+        """End a call with its status (after `message`, the answer of a unary call, if given)."""
+        ops = rpc._initial()
+        if message is not None:
+            ops += (cygrpc.SendMessageOperation(message, _NO_FLAGS),)
+        ops += (cygrpc.SendStatusFromServerOperation(_NO_METADATA, code, details.encode(), _NO_FLAGS),)
         if rpc.method.kind == UNARY:
             ops += (cygrpc.ReceiveCloseOnServerOperation(_NO_FLAGS),)
         rpc._start((ops, _DONE))
