@@ -68,26 +68,22 @@ def unary(response_type):
         return BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
 
     def decorate(handler):
-        if inspect.iscoroutinefunction(handler):
-            @functools.wraps(handler)
-            async def wrapper(self, request, rpc):
-                try:
-                    if not _client_id(rpc):
-                        raise missing_client_id()
-                    return await handler(self, request, rpc)
-                except Exception as exc:
-                    return failed(handler, exc)
-        else:
-            @functools.wraps(handler)
-            def wrapper(self, request, rpc):
-                try:
-                    if not _client_id(rpc):
-                        raise missing_client_id()
-                    return handler(self, request, rpc)
-                except Exception as exc:
-                    return failed(handler, exc)
+        async def guarded(answer):
+            try:
+                return await answer
+            except Exception as exc:
+                return failed(handler, exc)
 
-        wrapper.response_type = response_type
+        @functools.wraps(handler)
+        def wrapper(self, request, rpc):
+            try:
+                if not _client_id(rpc):
+                    raise missing_client_id()
+                answer = handler(self, request, rpc)
+            except Exception as exc:
+                return failed(handler, exc)
+            return guarded(answer) if inspect.iscoroutine(answer) else answer
+
         return wrapper
 
     return decorate
@@ -139,7 +135,7 @@ class MessagingService:
     async def SendMessage(self, request, rpc):
         if not request.messages:
             raise BrokerError(Code.BAD_REQUEST, "no message to send")
-        publishes, results = [], []
+        publishes = []
         for message in request.messages:
             try:
                 publishes.append(convert.publish_from(message))
@@ -217,10 +213,14 @@ class MessagingService:
         now = self.broker.clock()
         responses = [_RECEIVE_OK]
         fill = convert.fill_delivered_message
-        for r in received:
-            response = svc.ReceiveMessageResponse()
-            fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt, r.invisible_until - now)
-            responses.append(response)
+        try:
+            for r in received:
+                response = svc.ReceiveMessageResponse()
+                fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt, r.invisible_until - now)
+                responses.append(response)
+        except Exception:
+            unwritten(len(received) + 1)  # none will be written: release them all
+            raise
         responses.append(done)
         return responses
 
