@@ -108,7 +108,9 @@ class Publisher:
             return await self.put(messages)
         except BrokerError as exc:
             if exc.code == Code.BAD_REQUEST and len(messages) > 1:
-                return [put for m in messages for put in await self._store([m])]
+                # each appends before any waits (tasks start in order), so they share fsyncs
+                outcomes = await asyncio.gather(*(self._store([m]) for m in messages))
+                return [put for outcome in outcomes for put in outcome]
             stored = exc.stored
             return stored + [exc] * (len(messages) - len(stored))
 
@@ -130,14 +132,13 @@ class Publisher:
     async def put(self, messages: list[Message]):
         """Append, then wait (without a thread) until the flush policy is satisfied."""
         try:
-            if self._put_inline:
-                return self.store.put_batch(messages) if len(messages) > 1 else [self.store.put(messages[0])]
+            results, end = self.store.put_unflushed(messages)
+            if self._put_inline:  # async flush: written is stored
+                return results
             durable, loop = self._durable, asyncio.get_running_loop()
             if durable is None or durable.loop is not loop:
                 durable = self._durable = DurableFutures(self.store, loop)
-            result, end = self.store.put_unflushed(messages if len(messages) > 1 else messages[0])
-            result = await durable.after(end, result)
-            return result if isinstance(result, list) else [result]
+            return await durable.after(end, results)
         except InvalidMessageError as exc:
             raise BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}") from None
         except FlushTimeoutError as exc:
