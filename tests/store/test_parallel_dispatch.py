@@ -21,7 +21,8 @@ from tidemq.store.commit_log import CommitLog
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
-from tidemq.store.parallel_dispatch import CRASH_ENV, BatchBuilder, IndexAppend, ParallelDispatcher
+from tidemq.store.batch_builder import CRASH_ENV, BatchBuilder, IndexAppend
+from tidemq.store.parallel_dispatch import ParallelDispatcher
 from trees import same_tree
 
 STORE_HOST = ("127.0.0.1", 10911)

@@ -79,9 +79,7 @@ class BatchResult:
     error: str | None
     records: int
     last_store_timestamp: int
-    # (topic, queue id, first slot, slot count, extra slots or None): the slots written, in order
-    # [first, first + count) followed by `extra` when the queue's slots were not contiguous
-    queues: QueueRuns
+    queues: QueueRuns  # per queue, the slots written, in order
     index_hashes: np.ndarray
     index_phys: np.ndarray
     index_timestamps: np.ndarray
@@ -253,6 +251,11 @@ class BatchBuilder:
             del self._held[request.batch_id]
         return IndexAppended(request.batch_id, done, len(hashes) - done, int(times[done]) if done < len(hashes) else 0,
                              int(times[done - 1]) if done else 0)
+
+    def forget_index_files(self) -> None:
+        for index in self._index_files.values():
+            index.close()
+        self._index_files.clear()
 
     def _index_file(self, path: str) -> IndexFile:
         index = self._index_files.get(path)
@@ -441,6 +444,7 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
                     answer = builder.append_index(message)
                 except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
                     answer = IndexAppended(message.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
+                    builder.forget_index_files()  # the coordinator may cut back and remake them
                 conn.send(answer)
             else:
                 tasks.append(message)

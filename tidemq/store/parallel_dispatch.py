@@ -73,8 +73,7 @@ from typing import Callable
 import numpy as np
 
 from . import record
-from .batch_builder import (  # noqa: F401 (CRASH_ENV: tests)
-    CRASH_ENV,
+from .batch_builder import (
     BatchBuilder,
     BatchResult,
     BatchTask,
@@ -427,6 +426,8 @@ class ParallelDispatcher:
                 return 0
         elif result.batch_id not in self._tasks:
             return 0  # from a generation that was discarded
+        elif result.index_held and result.batch_id not in self._holders:
+            return 0  # its worker died after answering: the batch is being built again
         else:
             self._answers[result.batch_id] = result
         total = 0
