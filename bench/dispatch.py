@@ -130,10 +130,10 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         "10,000 queues": lambda i: (f"bench{i % 10}", (i // 10) % 1000),
         "one hot queue": lambda i: ("hot", 0),
     }
-    print(f"1. dispatch throughput (entries/s), key index on (UNIQ_KEY + 1 KEYS entry per record);")
+    print("1. dispatch throughput (entries/s), key index on (UNIQ_KEY + 1 KEYS entry per record);")
     print(f"   each log holds 2 x {count:,} records: the first half creates the queue files, the second")
-    print(f"   half is the steady state.  '1 thread' is the sequential Dispatcher, for reference.  Dirty")
-    print(f"   pages are written back (sync) before each build, outside the timing.")
+    print("   half is the steady state.  '1 thread' is the sequential Dispatcher, for reference.  Dirty")
+    print("   pages are written back (sync) before each build, outside the timing.")
     print(f"   Best of {rounds} interleaved rounds.")
     header = f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
     print(header)

@@ -90,10 +90,11 @@ def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str,
                 log.warning("key index not measured: %s", exc)
             else:
                 try:
-                    end_phy = last_file.end_phy if last_file.entry_count else 0
+                    indexed = last_file.entry_count > 0
+                    end_phy = last_file.end_phy if indexed else 0
                 finally:
                     last_file.close()
-                rec = read(end_phy) if end_phy else None
+                rec = read(end_phy) if indexed else None  # (the last entry may be the record at 0)
                 covered["key_index"] = end_phy + rec.total_size if rec is not None else end_phy
         for name, offset in covered.items():
             behind = max(0, log_end - offset)

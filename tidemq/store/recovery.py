@@ -21,7 +21,6 @@ from pathlib import Path
 from . import record
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog, Segment
-from .errors import CorruptStoreError
 
 log = logging.getLogger(__name__)
 
