@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .index_file import key_hash
+from .index_file import index_key, key_hash
 from .property_columns import KEYS, TAGS, UNIQ_KEY, index_entries, property_ranges, tags_codes
 from .record import (
     KEY_SEPARATOR,
@@ -112,21 +112,13 @@ class RecordColumns:
 
     def _index_keys_small(self, indexed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`index_keys` one record at a time (see SMALL_SCAN)."""
-        buf = self.buffer
         hashes: list[int] = []
         rows: list[int] = []
         for i in np.flatnonzero(indexed).tolist():
-            start, end = int(self.properties_starts[i]), int(self.properties_ends[i])
-            keys = []
-            first, last = property_range(buf, start, end, PROPERTY_UNIQ_KEY)
-            if last > first:
-                keys.append(bytes(buf[first:last]).decode("utf-8", "replace"))
-            first, last = property_range(buf, start, end, PROPERTY_KEYS)
-            if last > first:
-                keys.extend(k for k in bytes(buf[first:last]).decode("utf-8", "replace").split(KEY_SEPARATOR) if k)
+            unique_key = self.unique_key(i)
             topic = self.topics[i]
-            for key in keys:
-                hashes.append(key_hash(f"{topic}#{key}"))
+            for key in ([unique_key] if unique_key else []) + self.keys(i):
+                hashes.append(key_hash(index_key(topic, key)))
                 rows.append(i)
         taken = np.array(rows, dtype=np.int64)
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
@@ -203,7 +195,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     if not positions:
         return _empty(buf, base_offset, base_offset + start)
     if len(positions) <= SMALL_SCAN:
-        return _scan_small(buf, positions, base_offset, keys)
+        return _scan_small(buf, positions, base_offset)
     pos = np.array(positions, dtype=np.int64)
     # views from the first record on: every field lies below `stop`
     lo = positions[0]
@@ -284,7 +276,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     )
 
 
-def _scan_small(buf, positions: list[int], base_offset: int, keys: bool) -> RecordColumns:
+def _scan_small(buf, positions: list[int], base_offset: int) -> RecordColumns:
     """`scan` for a few records, one at a time in Python: NumPy's fixed cost per call would
     dominate (a dispatch round of one record, the common case at light load).  Same checks,
     same columns."""
@@ -322,9 +314,7 @@ def _scan_small(buf, positions: list[int], base_offset: int, keys: bool) -> Reco
     pos_, sizes, queue_ids, queue_offsets, sysflags, store_timestamps, codes, topics, starts, ends = map(list, zip(*rows))
     names: dict[str, int] = {}
     topic_ids = [names.setdefault(t, len(names)) for t in topics]
-    starts_array = np.array(starts, dtype=np.int64)
-    ends_array = np.array(ends, dtype=np.int64)
-    columns = RecordColumns(
+    return RecordColumns(  # no key ranges: `_index_keys_small` reads the keys per record
         buffer=buf,
         base_offset=base_offset,
         end=base_offset + end,
@@ -339,20 +329,11 @@ def _scan_small(buf, positions: list[int], base_offset: int, keys: bool) -> Reco
         topics=topics,
         topic_ids=np.array(topic_ids, dtype=np.int32),
         topic_names=list(names),
-        properties_starts=starts_array,
-        properties_ends=ends_array,
+        properties_starts=np.array(starts, dtype=np.int64),
+        properties_ends=np.array(ends, dtype=np.int64),
         unique_key_ranges=None,
         keys_ranges=None,
     )
-    if keys:
-        columns.unique_key_ranges = _value_ranges(buf, starts, ends, PROPERTY_UNIQ_KEY)
-        columns.keys_ranges = _value_ranges(buf, starts, ends, PROPERTY_KEYS)
-    return columns
-
-
-def _value_ranges(buf, starts: list[int], ends: list[int], name: str) -> tuple[np.ndarray, np.ndarray]:
-    found = [property_range(buf, first, last, name) for first, last in zip(starts, ends)]
-    return np.array([f for f, _ in found], dtype=np.int64), np.array([l for _, l in found], dtype=np.int64)
 
 
 def property_range(buf, start: int, end: int, name: str) -> tuple[int, int]:
