@@ -174,12 +174,20 @@ def log_end(log: CommitLogDir, start: int, stop: int = NO_END) -> int:
 
 
 def record_boundary_from(log: CommitLogDir, offset: int) -> int:
-    """The first record boundary at or after `offset`, found by walking its segment from the
-    segment's start (or the end of the valid records, if that comes first): equal to `offset`
-    exactly when a reader may start there."""
+    """The first record boundary at or after `offset` (or the end of the valid records, if that
+    comes first): equal to `offset` exactly when a reader may start there.  A record there that
+    names its own position settles it; otherwise its segment is walked from the start."""
     found = segments(log.directory)
-    starts = [seg_start for seg_start, _, size in found if seg_start <= offset < seg_start + size]
-    walk_from = starts[0] if starts else (found[-1][0] if found else 0)
+    holding = [(seg_start, path) for seg_start, path, size in found if seg_start <= offset < seg_start + size]
+    if holding:
+        seg_start, path = holding[0]
+        mm = map_segment(path)
+        if mm is not None:
+            with mm:  # a record (or closing blank) that names this position: the common case
+                result = record.decode(mm, offset - seg_start, base_offset=seg_start, read_body=False, read_properties=False)
+            if type(result) is record.EndOfSegment or (type(result) is record.Record and result.commit_log_offset == offset):
+                return offset
+    walk_from = holding[0][0] if holding else (found[-1][0] if found else 0)
     return log_end(log, min(walk_from, offset), stop=offset)
 
 
