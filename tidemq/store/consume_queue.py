@@ -310,19 +310,6 @@ class ConsumeQueue:
             self._advance_to(end)
             return True
 
-    def advance_run(self, first: int, end: int) -> bool:
-        """`commit_range` for the common case of parallel dispatch committing batches in order:
-        the slots [first, end) start at the frontier, nothing is pending and their files are
-        mapped.  False, changing nothing, when that is not the case."""
-        files = self._files
-        if first != self.commit_frontier or self._pending or end <= first or end > files[-1].start + self.units_per_file:
-            return False
-        with self._lock:
-            if first != self.commit_frontier:
-                return False
-            self.commit_frontier = end
-        return True
-
     def adopt_files(self, first_offset: int) -> None:
         """Start a new queue at `first_offset` whose files parallel-dispatch workers have been
         writing (built with load=False): map them as they are, trusting none of their units, and
