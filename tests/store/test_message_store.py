@@ -291,3 +291,31 @@ def test_put_batch_durable_callback_once_under_sync_flush(tmp_path):
         assert done.wait(5)
         assert calls == [(10, None)]
         assert store.group_commit.flushed >= store.commit_log.write_position
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_close_on_a_disk_that_will_not_flush_still_stops_everything(tmp_path, workers):
+    store = MessageStore(tmp_path, small(segment_size=1 << 20, dispatch_workers=workers))
+    for i in range(50):
+        store.put(Message(topic="t", body=b"%d" % i))
+    if workers > 1:
+        store.dispatcher.start_workers()
+    worker_processes = [w.process for w in getattr(store.dispatcher, "_workers", [])]
+
+    def failing_flush():
+        raise OSError(5, "Input/output error")
+
+    store.commit_log.flush = failing_flush  # the environment: the disk refuses every flush
+    with pytest.raises(StoreIOError, match="closing the store: Input/output error"):
+        store.close()
+    assert not store._dispatch_thread.is_alive()
+    for process in worker_processes:
+        assert process.poll() is not None  # the dispatch workers exited
+    assert (tmp_path / "abort").exists()  # the next open recovers as after a crash
+    store.close()  # a second close does nothing
+    # the lock is released: the store opens again in this process, with what was written
+    with MessageStore(tmp_path, small(segment_size=1 << 20, dispatch_workers=workers)) as again:
+        assert again.recovery.abnormal
+        assert again.max_offset("t", 0) == 50
+        assert again.get("t", 0, 49, 1).messages[0].body == b"49"
+    assert check(tmp_path).sound

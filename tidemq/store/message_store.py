@@ -593,30 +593,53 @@ class MessageStore:
     # -- closing --------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Flush, dispatch the rest, checkpoint, remove the abort marker, stop every thread and
+        dispatch worker, close the files and release the lock.
+
+        If the disk refuses a final flush (or the last dispatch or checkpoint fails), the rest
+        of the shutdown still happens: threads and workers stop, files close, the lock is
+        released, so the store can be opened again (by this process too).  The abort marker
+        stays, so that open recovers as after a crash, and the first failure is raised
+        (StoreIOError for a disk error)."""
         if self._closed:
             return
         with self._append_lock:
             self._closed = True
-        self._maintenance.stop()
+        errors: list[Exception] = []
+
+        def attempt(step: Callable[[], object]) -> None:
+            try:
+                step()
+            except Exception as exc:  # keep shutting down; the first failure is raised at the end
+                errors.append(exc)
+
+        attempt(self._maintenance.stop)
         if self._flush_service is not None:
-            self._flush_service.stop()
+            attempt(self._flush_service.stop)
         if self.group_commit is not None:
-            self.group_commit.stop()
-        self.commit_log.flush()
+            attempt(self.group_commit.stop)
+        attempt(self.commit_log.flush)
         self._stopping = True
         self._dispatch_event.set()
         self._dispatch_thread.join()
-        self.dispatcher.dispatch_until(self.confirmed_offset)
-        self.save_checkpoint()
-        if self.dispatcher.dispatched_offset >= self.commit_log.write_position:
+        if not errors:  # with nothing made durable, leave dispatch and checkpoint to recovery
+            attempt(lambda: self.dispatcher.dispatch_until(self.confirmed_offset))
+            attempt(self.save_checkpoint)
+        if not errors and self.dispatcher.dispatched_offset >= self.commit_log.write_position:
             self.abort_path.unlink(missing_ok=True)
         if isinstance(self.dispatcher, ParallelDispatcher):
-            self.dispatcher.close()
+            attempt(self.dispatcher.close)
         if self.key_index is not None:
-            self.key_index.close()
-        self.consume_queues.close()
-        self.commit_log.close()
+            attempt(self.key_index.close)
+        attempt(self.consume_queues.close)
+        attempt(self.commit_log.close)
         os.close(self._lock_fd)
+        if errors:
+            first = errors[0]
+            log.error("closing the store %s failed: %s; the next open recovers as after a crash", self.directory, first)
+            if isinstance(first, OSError) and not isinstance(first, StoreIOError):
+                raise StoreIOError(first.errno, f"closing the store: {first.strerror or first}") from first
+            raise first
 
     def __enter__(self) -> "MessageStore":
         return self
