@@ -126,6 +126,7 @@ class ScriptedDispatcher(ParallelDispatcher):
         self.check = check
         self.builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
         self.builder.hold_index = hold_index
+        self.builder.first_queue = rng.choice([0.0, 0.3, 0.5])  # where writing starts in a batch's queues
         self.pending: list[tuple] = []
 
     def _submit(self, task) -> None:
@@ -220,6 +221,49 @@ def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_
     index.close()
     dispatcher.close()
     assert same_tree(base / "sequential", base / "parallel") == []
+
+
+def test_a_new_queue_is_adopted_at_its_first_slot_and_later_files_mapped_when_committed(tmp_path):
+    """A queue first seen at slot 40 (files of 32 units): the workers wrote the files starting
+    at slots 32 and 64; the coordinator maps the first, pads below slot 40 with blanks, and
+    maps the second when a commit reaches it."""
+    log, _ = build_log(tmp_path / "log", [("late", 0)] * 30)
+    builder = BatchBuilder(str(tmp_path / "cq"), 32, False)
+    columns = [(r.queue_offset, r.commit_log_offset, r.total_size) for r in iter_records(log)]
+    builder._write_slots("late", 0, 32, [40 + i for i in range(30)], [(phys, size, 0) for _, phys, size in columns])
+    assert sorted(p.name for p in (tmp_path / "cq" / "late" / "0").iterdir()) == [f"{32 * 20:020d}", f"{64 * 20:020d}"]
+    cq = ConsumeQueue(tmp_path / "cq", "late", 0, 32, load=False)
+    cq.adopt_files(40)
+    assert [qf.start for qf in cq._files] == [32]
+    assert cq.commit_range(40, 70)
+    assert [qf.start for qf in cq._files] == [32, 64]
+    assert [u.commit_log_offset for u in cq.read(40, 100)] == [phys for _, phys, _ in columns]
+    assert cq._unit_at(32)[1] == 0x7FFFFFFF and cq.min_offset == 40  # blank padding below the first slot
+    cq.close()
+    builder.close()
+
+
+def test_workers_keep_the_file_size_of_an_existing_queue(tmp_path):
+    """A queue written before with 16-unit files gets 16-unit files from a builder whose
+    default is 32; a new queue gets the default."""
+    old = ConsumeQueue(tmp_path / "cq", "t", 0, 16)
+    old.initialize_at(0)
+    old.close()
+    builder = BatchBuilder(str(tmp_path / "cq"), 32, False)
+    builder._write_slots("t", 0, builder._queue_units_per_file(("t", 0)), [20], [(100, 10, 0)])
+    builder._write_slots("t", 1, builder._queue_units_per_file(("t", 1)), [20], [(200, 10, 0)])
+    builder.close()
+    assert sorted((p.name, p.stat().st_size) for p in (tmp_path / "cq" / "t" / "0").iterdir()) == [
+        (f"{0:020d}", 16 * 20), (f"{16 * 20:020d}", 16 * 20)]
+    assert [(p.name, p.stat().st_size) for p in (tmp_path / "cq" / "t" / "1").iterdir()] == [(f"{0:020d}", 32 * 20)]
+
+
+def iter_records(log: CommitLog):
+    offset = log.min_offset
+    while offset < log.write_position:
+        rec = log.read_record(offset, check_crc=False, read_body=False, read_properties=False)
+        yield rec
+        offset += rec.total_size
 
 
 def test_dispatched_offset_never_passes_an_unfinished_batch(tmp_path):

@@ -312,20 +312,19 @@ class ConsumeQueue:
 
     def adopt_files(self, first_offset: int) -> None:
         """Start a new queue at `first_offset` whose files parallel-dispatch workers have been
-        writing (built with load=False): map them as they are, trusting none of their units, and
-        pad the slots below `first_offset` in its file with the blank unit."""
+        writing (built with load=False): map the one holding `first_offset` as it is (creating it
+        if no worker has), trusting none of its units, and pad the slots below `first_offset` in
+        it with the blank unit.  Later files are mapped when `commit_range` reaches them."""
         if self._files:
             raise ValueError(f"{self.topic}/{self.queue_id} already has files")
         start = first_offset - first_offset % self.units_per_file
-        if self.directory.is_dir():
-            for path in sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20):
-                if int(path.name) // UNIT_SIZE >= start and int(path.name) % self.file_size == 0:
-                    self._files.append(_QueueFile(path, int(path.name) // UNIT_SIZE, self.file_size, create=False))
-        if not self._files or self._files[0].start != start:
-            for qf in self._files:
-                qf.close()
-            self._files.clear()
+        try:
+            qf = _QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True)
+        except FileNotFoundError:  # no directory yet
             self._add_file(start)
+        else:
+            with self._lock:
+                self._files.append(qf)
         self._start_at(first_offset)
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:

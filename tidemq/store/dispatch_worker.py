@@ -1,6 +1,6 @@
 """Entry point of a parallel-dispatch worker process (see parallel_dispatch):
 
-    python -m tidemq.store.dispatch_worker READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1)
+    python -m tidemq.store.dispatch_worker READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1) FIRST_QUEUE
 
 It reads pickled `BatchTask`s from READ_FD and answers `BatchResult`s on WRITE_FD until it reads
 None or the pipe closes (its coordinator is gone)."""
@@ -10,5 +10,5 @@ import sys
 from tidemq.store.batch_builder import _Channel, _worker_main
 
 if __name__ == "__main__":
-    read_fd, write_fd, root, units, index = sys.argv[1:6]
-    _worker_main(_Channel(int(read_fd), int(write_fd)), root, int(units), index == "1")
+    read_fd, write_fd, root, units, index, first_queue = sys.argv[1:7]
+    _worker_main(_Channel(int(read_fd), int(write_fd)), root, int(units), index == "1", float(first_queue))

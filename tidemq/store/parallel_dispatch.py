@@ -13,7 +13,9 @@ the store's files through their own mappings:
   batch with the columnar decoder (`scan`), and writes each ConsumeQueue unit **at its slot**
   (queue offsets were assigned at append time) through its own mapping of the queue file,
   creating files as needed: a queue's contiguous run of slots in the batch is one copy of a unit
-  array.  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
+  array.  Worker k of N starts on a batch's queues k/N of the way through them, so that two
+  workers meeting the same new queues create different ones at a time instead of waiting for
+  each other on the same directories.  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
   store time) and keeps them.  It answers with, per queue, the slots it wrote, how many index
   entries it holds, and where its walk ended (past the blank if one closes the segment).
 - Answers arrive in any order; the coordinator processes them strictly in batch order.  At the
@@ -125,16 +127,19 @@ class _Worker:
 
     __slots__ = ("process", "conn", "tasks", "appends")
 
-    def __init__(self, consume_queue_root: str, units_per_file: int, index_enabled: bool) -> None:
+    def __init__(self, consume_queue_root: str, units_per_file: int, index_enabled: bool, first_queue: float) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # NumPy's OpenBLAS threads, idle but polling, took 1.5% of the machine per worker
+        # (perf); a worker never multiplies matrices
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
-                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0"],
+                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0", repr(first_queue)],
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
             )
         finally:
@@ -318,13 +323,16 @@ class ParallelDispatcher:
 
     # -- workers -------------------------------------------------------------------------------------
 
-    def _start_worker(self) -> _Worker:
-        return _Worker(str(self.queues.root), self.queues.units_per_file, self.key_index is not None)
+    def _start_worker(self, number: int) -> _Worker:
+        # worker `number` of N writes each batch's queues starting `number / N` of the way
+        # through them, so that workers creating the same queues' files at the same time do
+        # not queue up on the same directories (see BatchBuilder.first_queue)
+        return _Worker(str(self.queues.root), self.queues.units_per_file, self.key_index is not None, number / self.worker_count)
 
     def start_workers(self) -> None:
         """Start the worker processes now rather than on the first large backlog."""
         if not self._workers:
-            self._workers = [self._start_worker() for _ in range(self.worker_count)]
+            self._workers = [self._start_worker(number) for number in range(self.worker_count)]
             log.info("dispatch: started %d worker processes", self.worker_count)
 
     def wait_ready(self) -> None:
@@ -407,7 +415,7 @@ class ParallelDispatcher:
             "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
             dead.pid, dead.process.returncode, len(dead.tasks),
         )
-        replacement = self._start_worker()
+        replacement = self._start_worker(self._workers.index(dead))
         self.workers_restarted += 1
         self._workers[self._workers.index(dead)] = replacement
         for batch_id, task in sorted(dead.tasks.items()):
