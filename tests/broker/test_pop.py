@@ -372,3 +372,32 @@ def test_a_message_the_store_refuses_fails_alone_in_its_batch(harness):
     assert (first.message_id, last.message_id) == ("ID0", "ID2")
     harness.store.wait_dispatched()
     assert bodies(harness.receive("G", "T")) == [b"a", b"c"]
+
+
+def test_a_batch_the_disk_refuses_part_way_keeps_what_was_stored(harness):
+    from tidemq.broker import Publish
+
+    reserve = harness.store.commit_log.reserve
+    calls = []
+
+    def disk_fills_after_two(size):
+        calls.append(size)
+        if len(calls) > 2:
+            raise OSError(28, "No space left on device")
+        return reserve(size)
+
+    harness.store.commit_log.reserve = disk_fills_after_two  # the environment: the disk fills mid-batch
+    batch = [Publish(topic="T", body=b"m%d" % i, message_id=f"ID{i}") for i in range(4)]
+    try:
+        outcomes = harness.run(harness.broker.send_batch(batch))
+    finally:
+        del harness.store.commit_log.reserve
+    assert [o.message_id for o in outcomes[:2]] == ["ID0", "ID1"]
+    for refused in outcomes[2:]:
+        assert isinstance(refused, BrokerError) and refused.code == Code.INTERNAL_SERVER_ERROR
+        assert "No space left on device" in refused.message
+    harness.store.wait_dispatched()
+    assert bodies(harness.receive("G", "T")) == [b"m0", b"m1"]
+    # the disk has room again: the next send is stored and delivered
+    harness.send("T", b"later")
+    assert bodies(harness.receive("G", "T")) == [b"later"]

@@ -59,7 +59,6 @@ class BrokerError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.stored: list = []  # a store batch that failed part way: the results of those stored
 
     def __repr__(self) -> str:
         return f"BrokerError({self.code.name}, {self.message!r})"

@@ -105,14 +105,15 @@ class Publisher:
         whole or not at all when a message is invalid: then each is stored on its own, so one
         bad message does not fail the others.  After a failure part way, the first ones stand."""
         try:
-            return await self.put(messages)
-        except BrokerError as exc:
-            if exc.code == Code.BAD_REQUEST and len(messages) > 1:
+            return await self._append_and_wait(messages)
+        except StoreError as exc:
+            error = _refusal(exc)
+            if error.code == Code.BAD_REQUEST and len(messages) > 1:
                 # each appends before any waits (tasks start in order), so they share fsyncs
                 outcomes = await asyncio.gather(*(self._store([m]) for m in messages))
                 return [put for outcome in outcomes for put in outcome]
-            stored = exc.stored
-            return stored + [exc] * (len(messages) - len(stored))
+            stored = getattr(exc, "results", [])  # a batch the disk refused part way
+            return stored + [error] * (len(messages) - len(stored))
 
     def _next_write_queue(self, topic: TopicConfig) -> int:
         qid = self._round_robin.get(topic.name, -1) + 1
@@ -130,26 +131,33 @@ class Publisher:
         return known or peer_host
 
     async def put(self, messages: list[Message]):
-        """Append, then wait (without a thread) until the flush policy is satisfied."""
+        """Append, then wait (without a thread) until the flush policy is satisfied; raises
+        BrokerError."""
         try:
-            results, end = self.store.put_unflushed(messages)
-            if self._put_inline:  # async flush: written is stored
-                return results
-            durable, loop = self._durable, asyncio.get_running_loop()
-            if durable is None or durable.loop is not loop:
-                durable = self._durable = DurableFutures(self.store, loop)
-            return await durable.after(end, results)
-        except InvalidMessageError as exc:
-            raise BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}") from None
-        except FlushTimeoutError as exc:
-            raise BrokerError(Code.MASTER_PERSISTENCE_TIMEOUT, f"written but not yet durable: {exc}") from None
-        except StoreClosedError:
-            raise BrokerError(Code.INTERNAL_SERVER_ERROR, "the broker is shutting down") from None
+            return await self._append_and_wait(messages)
         except StoreError as exc:
-            log.error("store refused a message: %s", exc)
-            error = BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}")
-            error.stored = getattr(exc, "results", [])  # a batch that failed part way
-            raise error from None
+            raise _refusal(exc) from None
+
+    async def _append_and_wait(self, messages: list[Message]):
+        results, end = self.store.put_unflushed(messages)
+        if self._put_inline:  # async flush: written is stored
+            return results
+        durable, loop = self._durable, asyncio.get_running_loop()
+        if durable is None or durable.loop is not loop:
+            durable = self._durable = DurableFutures(self.store, loop)
+        return await durable.after(end, results)
+
+
+def _refusal(exc: StoreError) -> BrokerError:
+    """What the client is told when the store did not store (or could not confirm) a send."""
+    if isinstance(exc, InvalidMessageError):
+        return BrokerError(Code.BAD_REQUEST, f"message refused by the store: {exc}")
+    if isinstance(exc, FlushTimeoutError):
+        return BrokerError(Code.MASTER_PERSISTENCE_TIMEOUT, f"written but not yet durable: {exc}")
+    if isinstance(exc, StoreClosedError):
+        return BrokerError(Code.INTERNAL_SERVER_ERROR, "the broker is shutting down")
+    log.error("store refused a message: %s", exc)
+    return BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}")
 
 
 def _remember(valid: set, value, limit: int = 10_000) -> None:
