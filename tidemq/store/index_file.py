@@ -177,6 +177,8 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
             return 0
+        if type(hashes) is list:  # a few entries from a trickle (`trickle`): no NumPy at all
+            return self._append_small(hashes[:n], phys[:n], timestamps[:n], count)
         if n <= SMALL_APPEND:
             return self._append_small(*(np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)), count)
         hashes = np.asarray(hashes[:n], dtype=np.int64)

@@ -74,7 +74,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import record
+from . import record, trickle
 from .batch_builder import (
     BatchBuilder,
     BatchResult,
@@ -219,6 +219,7 @@ class ParallelDispatcher:
         self._workers: list[_Worker] = []
         self._builder: BatchBuilder | None = None
         self.inline_batches = 0
+        self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
         self.worker_batches = 0
         self.worker_appends = 0  # index appends done by workers (IndexAppend answers)
         self.workers_restarted = 0
@@ -240,6 +241,14 @@ class ParallelDispatcher:
         while True:
             if self.limit_source is not None:
                 limit = max(limit, self.limit_source())
+            if not self._tasks and limit - self._cut_offset <= trickle.MAX_BYTES:
+                before = self._cut_offset
+                changes = {}
+                total += self._trickle(limit, changes)
+                if notify and changes:
+                    notify_listeners(self.listeners, changes)
+                if self._cut_offset != before:
+                    continue
             self._fill(limit)
             if not self._tasks:
                 return total
@@ -251,6 +260,49 @@ class ParallelDispatcher:
             if self._stalled:
                 self._stalled = False
                 return total
+
+    def _trickle(self, limit: int, changes: dict[QueueKey, int]) -> int:
+        """With nothing in flight, dispatch the few records from the cut offset on this thread
+        (`trickle`); returns how many.  When it moved nothing, the batch path takes what is
+        there."""
+        begin = self._cut_offset
+        if begin >= limit or begin < self.commit_log.min_offset:
+            return 0
+        segment = self.commit_log.segment_for(begin)
+        if segment is None:
+            return 0
+        end, records, last_timestamp = trickle.dispatch_trickle(
+            segment.mm, segment.start, begin, min(limit, segment.end), self._queue_at, self.key_index, changes
+        )
+        if end == begin:
+            return 0
+        self.trickles += 1
+        if self.extra_sinks and records:
+            batch = _read_batch(self.commit_log, begin, end)
+            for sink in self.extra_sinks:
+                dispatch_to(sink, batch, changes)
+        self.stats.bytes += end - begin
+        if records:
+            self.stats.records += records
+            self.stats.last_store_timestamp = self.queues.logics_msg_timestamp = last_timestamp
+        for progress in self.progress.values():
+            progress.offset = end
+            if records:
+                progress.last_store_timestamp = last_timestamp
+        self.dispatched_offset = self._cut_offset = end
+        return records
+
+    def _queue_at(self, key: QueueKey, first: int) -> ConsumeQueue:
+        """The queue of `key`; one seen for the first time is started at slot `first` (its files
+        made by workers, or here)."""
+        queues = self.queues
+        cq = queues.queues.get(key)
+        if cq is None or cq.is_empty:
+            if cq is None:
+                cq = queues.queues[key] = ConsumeQueue(queues.root, key[0], key[1], queues.units_per_file, load=False,
+                                                       table=queues.frontiers)
+            cq.adopt_files(first)
+        return cq
 
     # -- cutting batches ---------------------------------------------------------------------------
 
@@ -573,17 +625,10 @@ class ParallelDispatcher:
             slow = [(i, int(code_array[i]), int(rows[i]), int(first_array[i]), int(end_array[i])) for i in np.flatnonzero(~fast).tolist()]
             if not slow:
                 return
-        queues = self.queues
-        cqs = queues.queues
         registered = False
         for i, code, row, first, end in slow:
-            topic = runs.topic_names[runs.topic_ids[i]]
-            key = (topic, int(runs.queue_ids[i]))
-            cq = cqs.get(key)
-            if cq is None or not cq._files:
-                if cq is None:
-                    cq = cqs[key] = ConsumeQueue(queues.root, topic, key[1], queues.units_per_file, load=False, table=table)
-                cq.adopt_files(first)
+            key = (runs.topic_names[runs.topic_ids[i]], int(runs.queue_ids[i]))
+            cq = self._queue_at(key, first)
             extra = runs.extras.get(i)
             if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
                 changes[key] = cq.commit_frontier

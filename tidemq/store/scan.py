@@ -166,14 +166,15 @@ def _at(view: np.ndarray, positions: np.ndarray, start: int) -> np.ndarray:
     return view[np.clip(positions - start, 0, len(view) - 1)].astype(np.int64)
 
 
-def _walk(buf, pos: int, stop: int, soft_stop: int) -> list[int]:
+def _walk(buf, pos: int, stop: int, soft_stop: int, max_count: int = -1) -> list[int]:
     """Record positions along the TOTALSIZE chain from `pos`: each record at least the minimum
-    size and ending at or before `stop`; no record starts at or past `soft_stop`."""
+    size and ending at or before `stop`; no record starts at or past `soft_stop`; at most
+    `max_count` of them if it is not negative."""
     unpack = _I32.unpack_from
     positions: list[int] = []
     append = positions.append
     limit = min(stop - MIN_RECORD_SIZE + 1, soft_stop)
-    while pos < limit:
+    while pos < limit and max_count != len(positions):
         size = unpack(buf, pos)[0]
         if size < MIN_RECORD_SIZE or pos + size > stop:
             break
@@ -276,36 +277,53 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     )
 
 
+def walk(buf, start: int, stop: int, max_count: int) -> list[int]:
+    """Positions of the first `max_count` records along the TOTALSIZE chain from `start` (a
+    record boundary) that end at or before `stop` (sizes only; `decode_one` checks each)."""
+    return _walk(buf, start, stop, stop, max_count)
+
+
+def decode_one(buf, pos: int, base_offset: int) -> tuple | None:
+    """The dispatch fields of the record at `pos`, one record in plain Python (for a few
+    records, where NumPy's fixed cost per call would be most of the work): (size, queue_id,
+    queue_offset, sysflag, store_timestamp, topic, properties_at, record_end); None if it fails
+    `scan`'s checks (the same checks, PHYSICALOFFSET included)."""
+    size, magic, _, queue_id, _, queue_offset, physical_offset, sysflag = _FIXED.unpack_from(buf, pos)
+    record_end = pos + size
+    header_size = HEADER_SIZE_V4 + (12 if sysflag & 0x10 else 0) + (12 if sysflag & 0x20 else 0)
+    v2 = magic == MESSAGE_MAGIC_CODE_V2
+    if not (v2 or magic == MESSAGE_MAGIC_CODE) or header_size + 3 > size or physical_offset != pos + base_offset:
+        return None
+    body_length = _I32.unpack_from(buf, pos + header_size - 4)[0]
+    topic_length_at = pos + header_size + body_length
+    if body_length < 0 or topic_length_at + 1 + v2 > record_end:
+        return None
+    topic_length = _I16.unpack_from(buf, topic_length_at)[0] if v2 else buf[topic_length_at]
+    topic_at = topic_length_at + 1 + v2
+    properties_at = topic_at + topic_length + 2
+    if topic_length < 0 or properties_at > record_end:
+        return None
+    properties_length = _I16.unpack_from(buf, properties_at - 2)[0]
+    if properties_length < 0 or properties_at + properties_length != record_end:
+        return None
+    try:
+        topic = decode_topic(buf[topic_at : topic_at + topic_length])
+    except UnicodeDecodeError:
+        return None  # record.decode calls this record Invalid
+    store_timestamp = _I64.unpack_from(buf, pos + (68 if sysflag & 0x10 else 56))[0]
+    return size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end
+
+
 def _scan_small(buf, positions: list[int], base_offset: int) -> RecordColumns:
-    """`scan` for a few records, one at a time in Python: NumPy's fixed cost per call would
-    dominate (a dispatch round of one record, the common case at light load).  Same checks,
-    same columns."""
+    """`scan` for a few records, one at a time in Python (`decode_one`): a dispatch round of one
+    record is the common case at light load.  Same checks, same columns."""
     rows: list[tuple] = []
     end = positions[0]
     for pos in positions:
-        size, magic, _, queue_id, _, queue_offset, physical_offset, sysflag = _FIXED.unpack_from(buf, pos)
-        record_end = pos + size
-        header_size = HEADER_SIZE_V4 + (12 if sysflag & 0x10 else 0) + (12 if sysflag & 0x20 else 0)
-        v2 = magic == MESSAGE_MAGIC_CODE_V2
-        if not (v2 or magic == MESSAGE_MAGIC_CODE) or header_size + 3 > size or physical_offset != pos + base_offset:
+        fields = decode_one(buf, pos, base_offset)
+        if fields is None:
             break
-        body_length = _I32.unpack_from(buf, pos + header_size - 4)[0]
-        topic_length_at = pos + header_size + body_length
-        if body_length < 0 or topic_length_at + 1 + v2 > record_end:
-            break
-        topic_length = _I16.unpack_from(buf, topic_length_at)[0] if v2 else buf[topic_length_at]
-        topic_at = topic_length_at + 1 + v2
-        properties_at = topic_at + topic_length + 2
-        if topic_length < 0 or properties_at > record_end:
-            break
-        properties_length = _I16.unpack_from(buf, properties_at - 2)[0]
-        if properties_length < 0 or properties_at + properties_length != record_end:
-            break
-        try:
-            topic = decode_topic(buf[topic_at : topic_at + topic_length])
-        except UnicodeDecodeError:
-            break  # record.decode calls this record Invalid
-        store_timestamp = _I64.unpack_from(buf, pos + (68 if sysflag & 0x10 else 56))[0]
+        size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end = fields
         tags = property_value(buf, properties_at, record_end, PROPERTY_TAGS)
         rows.append((pos, size, queue_id, queue_offset, sysflag, store_timestamp, tags_code(tags), topic, properties_at, record_end))
         end = record_end
