@@ -243,6 +243,39 @@ def test_a_new_queue_is_adopted_at_its_first_slot_and_later_files_mapped_when_co
     builder.close()
 
 
+def test_a_new_queue_starting_its_file_is_mapped_by_its_first_reader(tmp_path):
+    """Committing a new queue whose first slot starts a file does not map the file (a burst of
+    new queues costs the dispatch thread no mapping each); reading maps it, flushing syncs it
+    either way, closing an unmapped file is nothing."""
+    log, _ = build_log(tmp_path / "log", [("new", 0)] * 5)
+    builder = BatchBuilder(str(tmp_path / "cq"), 32, False)
+    units = [(r.commit_log_offset, r.total_size, 0) for r in iter_records(log)]
+    builder._write_slots("new", 0, 32, list(range(5)), units)
+    builder.close()
+    cq = ConsumeQueue(tmp_path / "cq", "new", 0, 32, load=False)
+    cq.adopt_files(0)
+    assert cq.commit_range(0, 5) and cq.commit_frontier == 5
+    assert cq._files[0]._mm is None
+    cq.flush()  # unmapped: synced through the file
+    assert [(u.commit_log_offset, u.size) for u in cq.read(0, 10)] == [unit[:2] for unit in units]
+    assert cq._files[0]._mm is not None
+    cq.flush()
+    cq.close()
+    unmapped = ConsumeQueue(tmp_path / "cq", "new", 0, 32, load=False)
+    unmapped.adopt_files(0)
+    unmapped.close()
+    reloaded = ConsumeQueue(tmp_path / "cq", "new", 0, 32)
+    assert reloaded.commit_frontier == 5
+    reloaded.close()
+    # a queue started before anything is written (a trickle on the dispatch thread writes after)
+    fresh = ConsumeQueue(tmp_path / "cq", "fresh", 3, 32, load=False)
+    fresh.adopt_files(0)
+    fresh.flush()  # no file yet: nothing to sync
+    assert fresh.put(0, 1000, 100, 7) and fresh.commit_frontier == 1
+    assert sorted(p.name for p in (tmp_path / "cq" / "fresh" / "3").iterdir()) == [f"{0:020d}"]
+    fresh.close()
+
+
 def test_workers_keep_the_file_size_of_an_existing_queue(tmp_path):
     """A queue written before with 16-unit files gets 16-unit files from a builder whose
     default is 32; a new queue gets the default."""

@@ -52,26 +52,66 @@ class Unit:
 
 
 class _QueueFile:
-    __slots__ = ("start", "path", "mm", "size")
+    """One file of a queue, mapped when opened, or (`lazy`: a file parallel-dispatch workers
+    made) on first use of `mm`."""
 
-    def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
+    __slots__ = ("start", "path", "size", "_mm")
+
+    def __init__(self, path: Path, start: int, size: int, create: bool, lazy: bool = False) -> None:
         self.start = start  # first logical offset in the file
         self.path = path
         self.size = size
+        self._mm: mmap.mmap | None = None if lazy else self._map(create)
+
+    def _map(self, create: bool) -> mmap.mmap:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, 0o644)
         try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self.mm = mmap.mmap(fd, size)
+            fd = os.open(self.path, flags, 0o644)
+        except FileNotFoundError:
+            if not create:
+                raise
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, flags, 0o644)
+        try:
+            if os.fstat(fd).st_size < self.size:
+                os.ftruncate(fd, self.size)
+            return mmap.mmap(fd, self.size)
         finally:
             os.close(fd)
 
+    @property
+    def mm(self) -> mmap.mmap:
+        mm = self._mm
+        if mm is None:
+            with _LAZY_MAPPING:  # readers on several threads: one mapping
+                if self._mm is None:
+                    self._mm = self._map(create=True)  # as the workers open it (idempotent), or make it
+                mm = self._mm
+        return mm
+
+    def flush(self) -> None:
+        if self._mm is not None:
+            self._mm.flush()
+        else:  # never mapped here: what the workers wrote is in the page cache, and synced by the file
+            try:
+                fd = os.open(self.path, os.O_RDWR)
+            except FileNotFoundError:
+                return  # not made yet: nothing written
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+
     def close(self) -> None:
+        if self._mm is None:
+            return
         try:
-            self.mm.close()
+            self._mm.close()
         except BufferError:  # a reader still holds a view; the mapping goes with it
             pass
+
+
+_LAZY_MAPPING = threading.Lock()
 
 
 class FrontierTable:
@@ -312,19 +352,21 @@ class ConsumeQueue:
 
     def adopt_files(self, first_offset: int) -> None:
         """Start a new queue at `first_offset` whose files parallel-dispatch workers have been
-        writing (built with load=False): map the one holding `first_offset` as it is (creating it
-        if no worker has), trusting none of its units, and pad the slots below `first_offset` in
-        it with the blank unit.  Later files are mapped when `commit_range` reaches them."""
+        writing (built with load=False): take the one holding `first_offset` as it is, trusting
+        none of its units, mapped when first used (or at once, to pad the slots below
+        `first_offset` in it with the blank unit), and made then if no worker has.  Later files
+        are mapped when `commit_range` reaches them."""
         if self._files:
             raise ValueError(f"{self.topic}/{self.queue_id} already has files")
         start = first_offset - first_offset % self.units_per_file
-        try:
-            qf = _QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True)
-        except FileNotFoundError:  # no directory yet
-            self._add_file(start)
-        else:
+        if start == first_offset:
+            # mapped when first used (made then if no worker has): the coordinator commits a
+            # burst of new queues (10,000 in one batch in bench/dispatch.py) without opening and
+            # mapping each file on its thread, 45 us a queue
             with self._lock:
-                self._files.append(qf)
+                self._files.append(_QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True, lazy=True))
+        else:
+            self._add_file(start)  # mapped now: the slots below `first_offset` get the blank
         self._start_at(first_offset)
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
@@ -515,7 +557,7 @@ class ConsumeQueue:
         with self._lock:
             files = list(self._files[-2:])
         for qf in files:
-            qf.mm.flush()
+            qf.flush()
 
     def close(self) -> None:
         with self._lock:
