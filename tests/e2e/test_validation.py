@@ -176,6 +176,21 @@ def test_client_id_is_required(stub):
     assert stub.Heartbeat(svc.HeartbeatRequest(), timeout=5).status.code == pb.CLIENT_ID_REQUIRED
 
 
+def receive_messages(stub, topic: str, group: str) -> list:
+    """One receive of up to 4 messages (long polling 5 s); checks the stream's status."""
+    rreq = svc.ReceiveMessageRequest(batch_size=4)
+    rreq.group.name = group
+    rreq.message_queue.topic.name = topic
+    rreq.filter_expression.type = pb.TAG
+    rreq.filter_expression.expression = "*"
+    rreq.invisible_duration.FromSeconds(15)
+    rreq.long_polling_timeout.FromSeconds(5)
+    responses = list(stub.ReceiveMessage(rreq, metadata=META, timeout=10))
+    assert [r.status.code for r in responses if r.HasField("status")] == [pb.OK]
+    assert responses[-1].HasField("delivery_timestamp")
+    return [r.message for r in responses if r.HasField("message")]
+
+
 def test_gzip_bodies_are_kept_compressed_and_delivered_as_gzip(stub):
     import gzip
 
@@ -183,20 +198,18 @@ def test_gzip_bodies_are_kept_compressed_and_delivered_as_gzip(stub):
     req = send_request(topic="Gzipped", body=body)
     req.messages[0].system_properties.body_encoding = pb.GZIP
     assert stub.SendMessage(req, metadata=META, timeout=5).status.code == pb.OK
-    rreq = svc.ReceiveMessageRequest(batch_size=4)
-    rreq.group.name = "GzipReader"
-    rreq.message_queue.topic.name = "Gzipped"
-    rreq.filter_expression.type = pb.TAG
-    rreq.filter_expression.expression = "*"
-    rreq.invisible_duration.FromSeconds(15)
-    rreq.long_polling_timeout.FromSeconds(5)
-    responses = list(stub.ReceiveMessage(rreq, metadata=META, timeout=10))
-    messages = [r.message for r in responses if r.HasField("message")]
-    assert [r.status.code for r in responses if r.HasField("status")] == [pb.OK]
-    assert responses[-1].HasField("delivery_timestamp")
-    (m,) = messages
+    (m,) = receive_messages(stub, "Gzipped", "GzipReader")
     assert m.system_properties.body_encoding == pb.GZIP
     assert gzip.decompress(m.body) == b"compressed payload"
+
+
+def test_a_message_without_a_valid_born_host_records_the_senders_address(stub):
+    request = send_request(topic="BornHosts", message_id="H1", born_host="10.1.2.3")
+    request.messages.extend([send_request(topic="BornHosts", message_id="H2", born_host="not-an-address").messages[0],
+                             send_request(topic="BornHosts", message_id="H3", born_host="").messages[0]])
+    assert stub.SendMessage(request, metadata=META, timeout=5).status.code == pb.OK
+    got = {m.system_properties.message_id: m.system_properties.born_host for m in receive_messages(stub, "BornHosts", "HostReader")}
+    assert got == {"H1": "10.1.2.3", "H2": "127.0.0.1", "H3": "127.0.0.1"}  # the client's loopback address
 
 
 def test_unknown_topics_and_groups_when_auto_creation_is_off(strict_server):

@@ -21,7 +21,7 @@ from .long_polling import LongPolling
 from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_letter_topic
 from .pop_journal import PopJournal, delivery_fields
 from .pop_state import Delivery, Subscription
-from .publishing import Publisher
+from .publishing import PeerHost, Publisher
 from .sessions import ServerSettings, Sessions
 from .types import Publish, Received, ReceiveRequest, SendResult
 
@@ -192,13 +192,13 @@ class Broker:
 
     # -- send -----------------------------------------------------------------------------------
 
-    async def send(self, msg: Publish, peer_host: str = "127.0.0.1") -> SendResult:
+    async def send(self, msg: Publish, peer_host: PeerHost = "127.0.0.1") -> SendResult:
         (result,) = await self.publisher.send_batch([msg], peer_host)
         if isinstance(result, BrokerError):
             raise result
         return result
 
-    async def send_batch(self, messages: list[Publish], peer_host: str = "127.0.0.1") -> list[SendResult | BrokerError]:
+    async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
         return await self.publisher.send_batch(messages, peer_host)
 
     # -- receive --------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from .types import MIXED, NORMAL, Publish, SendResult
 
 log = logging.getLogger(__name__)
 
+PeerHost = str | Callable[[], str]  # an address, or a function giving it when needed
+
 
 class Publisher:
     def __init__(self, store: MessageStore, config: BrokerConfig, topic: Callable[[str], TopicConfig], stats: dict) -> None:
@@ -68,9 +70,11 @@ class Publisher:
             raise BrokerError(Code.NOT_IMPLEMENTED, f"{msg.message_type} messages are not supported yet")
         return topic
 
-    async def send_batch(self, messages: list[Publish], peer_host: str = "127.0.0.1") -> list[SendResult | BrokerError]:
+    async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
         """Store the acceptable messages of a batch together, in order, on one queue per topic
-        (round-robin between batches); per message its result or why it was refused."""
+        (round-robin between batches); per message its result or why it was refused.
+        `peer_host`: the sender's address, recorded as the born host of a message that names no
+        valid one, or a function giving it (asked only then: the SDK names its own)."""
         results: list[SendResult | BrokerError | None] = [None] * len(messages)
         accepted: list[tuple[int, Message]] = []
         queue_of: dict[str, int] = {}
@@ -122,13 +126,15 @@ class Publisher:
         self._round_robin[topic.name] = qid
         return qid
 
-    def _born_host(self, host: str, peer_host: str) -> str:
+    def _born_host(self, host: str, peer_host: PeerHost) -> str:
         known = self._hosts.get(host)
         if known is None:
             known = _host_or(host, "")
             if len(self._hosts) < 10_000:
                 self._hosts[host] = known
-        return known or peer_host
+        if known:
+            return known
+        return peer_host() if callable(peer_host) else peer_host
 
     async def put(self, messages: list[Message]):
         """Append, then wait (without a thread) until the flush policy is satisfied; raises
