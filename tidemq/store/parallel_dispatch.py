@@ -125,7 +125,7 @@ class _Worker:
     two pipes): a fresh interpreter, so the threaded store process is never forked and the
     caller's main module is never re-imported."""
 
-    __slots__ = ("process", "conn", "tasks", "appends")
+    __slots__ = ("process", "conn", "tasks")
 
     def __init__(self, consume_queue_root: str, units_per_file: int, index_enabled: bool, first_queue: float) -> None:
         to_child_r, to_child_w = os.pipe()
@@ -147,7 +147,6 @@ class _Worker:
             os.close(from_child_w)
         self.conn = _Channel(from_child_r, to_child_w)
         self.tasks: dict[int, BatchTask] = {}
-        self.appends = 0  # index append requests not answered yet
 
     @property
     def pid(self) -> int:
@@ -277,20 +276,27 @@ class ParallelDispatcher:
         if end == begin:
             return 0
         self.trickles += 1
-        if self.extra_sinks and records:
+        self._cut_offset = end
+        self._dispatched(begin, end, records, last_timestamp, changes)
+        return records
+
+    def _dispatched(self, begin: int, end: int, records: int, last_timestamp: int, changes: dict[QueueKey, int]) -> None:
+        """[begin, end) of the log is built into the queues and the key index (`records`
+        records, the last stored at `last_timestamp`): tell the other sinks, move the
+        dispatched offset and the statistics."""
+        if self.extra_sinks and end > begin:
             batch = _read_batch(self.commit_log, begin, end)
             for sink in self.extra_sinks:
                 dispatch_to(sink, batch, changes)
-        self.stats.bytes += end - begin
         if records:
             self.stats.records += records
             self.stats.last_store_timestamp = self.queues.logics_msg_timestamp = last_timestamp
+            for progress in self.progress.values():
+                progress.last_store_timestamp = last_timestamp
+        self.stats.bytes += end - begin
+        self.dispatched_offset = end
         for progress in self.progress.values():
             progress.offset = end
-            if records:
-                progress.last_store_timestamp = last_timestamp
-        self.dispatched_offset = self._cut_offset = end
-        return records
 
     def _queue_at(self, key: QueueKey, first: int) -> ConsumeQueue:
         """The queue of `key`; one seen for the first time is started at slot `first` (its files
@@ -414,7 +420,8 @@ class ParallelDispatcher:
         results = [self._done.pop(i) for i in sorted(self._done)]
         if results:
             return results
-        busy = [w for w in self._workers if w.tasks or w.appends]
+        appending = self._holders.get(self._appending) if self._appending is not None else None
+        busy = [w for w in self._workers if w.tasks or w is appending]  # one append at a time: the head's
         if not busy:
             return results
         ready = multiprocessing.connection.wait([w.conn.reader for w in busy])
@@ -425,7 +432,6 @@ class ParallelDispatcher:
                         result = worker.conn.recv()
                         self._deaths_in_a_row = 0
                         if type(result) is IndexAppended:
-                            worker.appends = max(0, worker.appends - 1)
                             results.append(result)
                         elif worker.tasks.pop(result.batch_id, None) is not None:
                             if result.index_held:
@@ -448,7 +454,6 @@ class ParallelDispatcher:
                 self._appending = None
                 self._undo_index_append(task.begin)
             dead.tasks[batch_id] = task
-        dead.appends = 0
         if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
             # workers that cannot finish a batch (a broken install, no memory): stop starting
             # them, and build on this thread, slower but without losing or reordering anything
@@ -509,7 +514,6 @@ class ParallelDispatcher:
 
     def _request_append(self, batch_id: int, path: str | None) -> None:
         holder = self._holders[batch_id]
-        holder.appends += 1
         try:
             holder.conn.send(IndexAppend(batch_id, path, self.key_index.indexed_until))
         except (OSError, EOFError):
@@ -559,7 +563,6 @@ class ParallelDispatcher:
         index entries, move the dispatched offset."""
         task = self._tasks.pop(head.batch_id)
         self._head_id += 1
-        queues = self.queues
         if len(head.queues):
             self._commit_runs(head.queues, changes)
         end = head.end
@@ -567,20 +570,7 @@ class ParallelDispatcher:
             self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
         elif self.key_index is not None:
             self.key_index.indexed_until = max(self.key_index.indexed_until, end)
-        if self.extra_sinks and end > head.begin:
-            batch = _read_batch(self.commit_log, head.begin, end)
-            for sink in self.extra_sinks:
-                dispatch_to(sink, batch, changes)
-        if head.records:
-            self.stats.records += head.records
-            self.stats.last_store_timestamp = head.last_store_timestamp
-            queues.logics_msg_timestamp = head.last_store_timestamp
-            for progress in self.progress.values():
-                progress.last_store_timestamp = head.last_store_timestamp
-        self.stats.bytes += end - task.begin
-        self.dispatched_offset = end
-        for progress in self.progress.values():
-            progress.offset = end
+        self._dispatched(task.begin, end, head.records, head.last_store_timestamp, changes)
         if head.error is not None:
             log.error("dispatch stopped at commit-log offset %d: %s", end, head.error)
             self._discard_after(end)
