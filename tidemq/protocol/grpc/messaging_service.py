@@ -31,6 +31,13 @@ def _client_id(rpc: Rpc) -> str:
     return rpc.metadata_value(CLIENT_ID_HEADER)
 
 
+def _require(client_id: str) -> str:
+    """`client_id`, or BrokerError CLIENT_ID_REQUIRED when the call carried none."""
+    if not client_id:
+        raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+    return client_id
+
+
 def _set_overall_status(response, failed: bool) -> None:
     """A per-entry response's own status: OK, the entries' one status if they share it, else
     MULTIPLE_RESULTS."""
@@ -64,9 +71,6 @@ def unary(response_type):
         log.error("%s failed", handler.__name__, exc_info=exc)
         return response_type(status=convert.status(Code.INTERNAL_ERROR, "internal error"))
 
-    def missing_client_id():
-        return BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
-
     def decorate(handler):
         async def guarded(answer):
             try:
@@ -77,8 +81,7 @@ def unary(response_type):
         @functools.wraps(handler)
         def wrapper(self, request, rpc):
             try:
-                if not _client_id(rpc):
-                    raise missing_client_id()
+                _require(_client_id(rpc))
                 answer = handler(self, request, rpc)
             except Exception as exc:
                 return failed(handler, exc)
@@ -176,8 +179,7 @@ class MessagingService:
         status for an error).  If the stream breaks, what was not written comes back soon."""
         client_id = _client_id(rpc)
         try:
-            if not client_id:
-                raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+            _require(client_id)
             poll_ms = request.long_polling_timeout.ToMilliseconds() if request.HasField("long_polling_timeout") else 0
             if poll_ms > 0:
                 poll_ms = max(0, min(poll_ms, int((rpc.time_remaining() - POLL_MARGIN_S) * 1000)))
@@ -241,8 +243,7 @@ class MessagingService:
     def ChangeInvisibleDuration(self, request, rpc):
         handle = request.receipt_handle
         try:
-            if not _client_id(rpc):
-                raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+            _require(_client_id(rpc))
             handle = self.broker.change_invisible(convert.resource_name(request.group),
                                                   convert.resource_name(request.topic), request.receipt_handle,
                                                   request.invisible_duration.ToMilliseconds())
@@ -286,8 +287,7 @@ class MessagingService:
 
     def _settings_reply(self, client_id: str, settings: pb.Settings) -> svc.TelemetryCommand:
         try:
-            if not client_id:
-                raise BrokerError(Code.CLIENT_ID_REQUIRED, f"metadata {CLIENT_ID_HEADER} is missing")
+            _require(client_id)
             client_type = convert.CLIENT_TYPE_NAMES.get(settings.client_type, "")
             group = convert.resource_name(settings.subscription.group) if settings.HasField("subscription") else ""
             if settings.HasField("publishing"):
