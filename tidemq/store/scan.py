@@ -115,9 +115,8 @@ class RecordColumns:
         hashes: list[int] = []
         rows: list[int] = []
         for i in np.flatnonzero(indexed).tolist():
-            unique_key = self.unique_key(i)
             topic = self.topics[i]
-            for key in ([unique_key] if unique_key else []) + self.keys(i):
+            for key in index_keys_in(self.buffer, int(self.properties_starts[i]), int(self.properties_ends[i])):
                 hashes.append(key_hash(index_key(topic, key)))
                 rows.append(i)
         taken = np.array(rows, dtype=np.int64)
@@ -368,6 +367,17 @@ def property_range(buf, start: int, end: int, name: str) -> tuple[int, int]:
         return -1, -1
     value_end = buf.find(_SEPARATOR, at, end)
     return at, end if value_end < 0 else value_end
+
+
+def index_keys_in(buf, start: int, end: int) -> list[str]:
+    """The keys the key index takes from a record whose properties are `buf[start:end]`: its
+    UNIQ_KEY, then each KEYS entry."""
+    unique_key = property_value(buf, start, end, PROPERTY_UNIQ_KEY)
+    keys = property_value(buf, start, end, PROPERTY_KEYS)
+    found = [unique_key] if unique_key else []
+    if keys:
+        found.extend(k for k in keys.split(KEY_SEPARATOR) if k)
+    return found
 
 
 def property_value(buf, start: int, end: int, name: str) -> str | None:

@@ -28,7 +28,7 @@ from . import record
 from .consume_queue import ConsumeQueue
 from .dispatch import QueueKey
 from .index_file import index_key, key_hash
-from .scan import decode_one, property_value, walk
+from .scan import decode_one, index_keys_in, property_value, walk
 
 MAX_RECORDS = 32  # more is a batch (measured: a trickle costs less per round up to about this size)
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
@@ -75,13 +75,10 @@ def dispatch_trickle(
             if cq.put(queue_offset, offset, size, record.tags_code(tags)):
                 changes[key] = cq.commit_frontier
         if key_index is not None and kind != record.TRANSACTION_ROLLBACK:
-            unique_key = property_value(buf, properties_at, record_end, record.PROPERTY_UNIQ_KEY)
-            keys = property_value(buf, properties_at, record_end, record.PROPERTY_KEYS)
-            for k in ([unique_key] if unique_key else []) + (keys.split(record.KEY_SEPARATOR) if keys else []):
-                if k:
-                    hashes.append(key_hash(index_key(topic, k)))
-                    phys.append(offset)
-                    times.append(store_timestamp)
+            for k in index_keys_in(buf, properties_at, record_end):
+                hashes.append(key_hash(index_key(topic, k)))
+                phys.append(offset)
+                times.append(store_timestamp)
         end = base_offset + record_end
         count += 1
         last_timestamp = store_timestamp
