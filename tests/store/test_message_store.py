@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -188,6 +189,41 @@ def test_sync_flush_callbacks(tmp_path):
         assert sorted(durable) == list(range(200))
         assert store.group_commit.fsyncs < 200
 
+
+def test_a_flush_request_that_lost_the_race_to_an_fsync_does_not_silence_the_next(tmp_path):
+    """await_flush looks at `flushed` before taking the group commit's lock; an fsync may cover
+    the bytes in between.  Such a request must not leave its listener registered with nothing to
+    flush, or the listener's next request (finding it registered) never wakes the flusher."""
+
+    class Listener:
+        def __init__(self):
+            self.told = threading.Event()
+            self.positions = []
+
+        def flushed(self, position, stopping):
+            self.positions.append(position)
+            self.told.set()
+
+    with MessageStore(tmp_path, small(segment_size=1 << 20, flush="sync")) as store:
+        group_commit = store.group_commit
+        listener = Listener()
+        first = store.put(Message(topic="t", body=b"durable"))  # returns once flushed
+        first_end = first.commit_log_offset + first.size
+
+        def flusher_asleep():  # waiting for work (a Condition's waiters: CPython's threading internals)
+            deadline = time.monotonic() + 10
+            while not group_commit._work._waiters and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        flusher_asleep()
+        # the lost race, replayed: the request arrives after the fsync that covered it
+        assert group_commit.request(first_end, listener) is True
+        flusher_asleep()
+        assert not listener.told.is_set()
+        second, second_end = store.put_unflushed(Message(topic="t", body=b"next"))
+        assert store.await_flush(second_end, listener) is False
+        assert listener.told.wait(10), "the flusher was never woken for the second request"
+        assert listener.positions[-1] >= second_end == group_commit.flushed
 
 def test_sync_flush_dispatches_only_flushed_bytes(tmp_path):
     with MessageStore(tmp_path, small(flush="sync")) as store:

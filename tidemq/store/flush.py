@@ -91,10 +91,18 @@ class GroupCommit:
         if ready:
             callback(token, None)
 
-    def request(self, end_offset: int, listener: FlushListener) -> None:
+    def request(self, end_offset: int, listener: FlushListener) -> bool:
         """Flush up to `end_offset`, and tell `listener` after the next fsync (which may cover
-        less, if the bytes were written while it ran: then request again)."""
+        less, if the bytes were written while it ran: then request again).  Returns True, and
+        registers nothing, if the log is already durable up to `end_offset`.
+
+        A listener is only ever registered with a request past `flushed`: one registered for
+        bytes an fsync had already covered (between the caller's look at `flushed` and this
+        lock) would stay in the set while the flusher slept, and every later request of that
+        listener, finding it there, would not wake the flusher."""
         with self._cond:
+            if self.flushed >= end_offset:
+                return True
             if self._stopping:
                 stopped = True
             else:
@@ -106,6 +114,7 @@ class GroupCommit:
                     self._work.notify()
         if stopped:
             listener.flushed(self.flushed, True)
+        return False
 
     def wait_for(self, end_offset: int) -> None:
         """Block until the log is durable up to `end_offset`, or raise FlushTimeoutError."""

@@ -312,8 +312,7 @@ class MessageStore:
         group_commit = self.group_commit
         if group_commit is None or group_commit.flushed >= end_offset:
             return True
-        group_commit.request(end_offset, listener)
-        return False
+        return group_commit.request(end_offset, listener)
 
     def put_batch(self, messages: list[Message], on_durable: DurableCallback | None = None) -> list[PutResult]:
         """Append several messages under one lock and one durability wait, in order.
