@@ -95,6 +95,22 @@ def test_appends_of_any_size_write_the_bytes_of_one_append(tmp_path_factory, ent
     pieces.close()
 
 
+def test_entries_of_records_already_indexed_are_skipped_whether_arrays_or_lists(tmp_path):
+    """Dispatch that starts again below `indexed_until` hands over entries the index holds;
+    they are skipped, from NumPy columns (a batch) and from lists (a trickle) alike."""
+    built = {}
+    for kind, column in (("arrays", np.array), ("lists", list)):
+        index = KeyIndex(tmp_path / kind, hash_slots=8, max_entries=100)
+        index.append_entries(column([11, 12]), column([100, 200]), column([BASE_TS, BASE_TS + 1]), 300)
+        # again from offset 100: the first two are there already, the third is new
+        index.append_entries(column([11, 12, 13]), column([100, 200, 300]), column([BASE_TS, BASE_TS + 1, BASE_TS + 2]), 400)
+        assert index.indexed_until == 400
+        assert [f.entry_count for f in index.files] == [3]
+        built[kind] = bytes(index.files[0].mm)
+        index.close()
+    assert built["arrays"] == built["lists"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     records=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 3)), min_size=2, max_size=60),

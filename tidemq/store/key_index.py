@@ -176,12 +176,13 @@ class KeyIndex:
         else:
             self.indexed_until = max(self.indexed_until, end)
 
-    def append_entries(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, end: int) -> None:
+    def append_entries(self, hashes, phys, timestamps, end: int) -> None:
         """Append entries in log order (records below `indexed_until` are skipped); `end` is
-        the commit-log offset they cover up to."""
+        the commit-log offset they cover up to.  The columns are NumPy arrays, or lists (a
+        trickle's few entries)."""
         if len(phys) and int(phys[0]) < self.indexed_until:
             keep = np.asarray(phys) >= self.indexed_until
-            hashes, phys, timestamps = hashes[keep], phys[keep], timestamps[keep]
+            hashes, phys, timestamps = np.asarray(hashes)[keep], np.asarray(phys)[keep], np.asarray(timestamps)[keep]
         done = 0
         total = len(hashes)
         while done < total:
