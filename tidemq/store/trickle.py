@@ -28,7 +28,8 @@ from . import record
 from .consume_queue import ConsumeQueue
 from .dispatch import QueueKey
 from .index_file import index_key, key_hash
-from .scan import decode_one, index_keys_in, property_value, walk
+from .property_columns import TAGS
+from .scan import decode_one, index_keys_of, properties_in, text_of, walk
 
 MAX_RECORDS = 32  # more is a batch (measured: a trickle costs less per round up to about this size)
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
@@ -68,14 +69,14 @@ def dispatch_trickle(
         size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end = fields
         offset = base_offset + pos
         kind = sysflag & record.TRANSACTION_TYPE_MASK
+        properties = properties_in(buf, properties_at, record_end)
         if kind in _ENTRY_KINDS:
             key = (topic, queue_id)
             cq = queue_at(key, queue_offset)
-            tags = property_value(buf, properties_at, record_end, record.PROPERTY_TAGS)
-            if cq.put(queue_offset, offset, size, record.tags_code(tags)):
+            if cq.put(queue_offset, offset, size, record.tags_code(text_of(properties, TAGS))):
                 changes[key] = cq.commit_frontier
         if key_index is not None and kind != record.TRANSACTION_ROLLBACK:
-            for k in index_keys_in(buf, properties_at, record_end):
+            for k in index_keys_of(properties):
                 hashes.append(key_hash(index_key(topic, k)))
                 phys.append(offset)
                 times.append(store_timestamp)
