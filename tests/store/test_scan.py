@@ -183,3 +183,29 @@ def test_scan_of_a_mapping_keeps_no_export(tmp_path):
     assert columns.index_keys()[0].tolist() == key_hashes(["t#k"]).tolist()
     assert np.array_equal(columns.tags_codes, [record.java_string_hash("x")])
     mm.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    segments=st.lists(
+        st.tuples(st.sampled_from([b"TAGS", b"KEYS", record.PROPERTY_UNIQ_KEY.encode(), b"X", b"", b"TAGS\x01x"]),
+                  st.sampled_from([b"\x01", b"", b"\x01\x01"]),
+                  st.binary(max_size=12).map(lambda b: b.replace(b"\x02", b"")),
+                  st.sampled_from([b"\x02", b"", b"\x02\x02"])),
+        max_size=6),
+    before=st.sampled_from([b"\x00", b"\x02", b"\x01"]),
+)
+def test_properties_read_in_one_pass_are_those_found_one_by_one(segments, before):
+    """properties_in + text_of / index_keys_of read what property_value / index_keys_in find, on
+    well-formed and odd property bytes (doubled separators, names without values, a separator
+    byte just before the properties)."""
+    raw = b"".join(name + sep + value + end for name, sep, value, end in segments)
+    buf = b"\x00" * 99 + before + raw + b"\x00" * 4
+    start, end = 100, 100 + len(raw)
+    properties = scan_module.properties_in(buf, start, end)
+    for name in (record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY, "X"):
+        assert scan_module.text_of(properties, name.encode()) == scan_module.property_value(buf, start, end, name)
+    old_keys = scan_module.property_value(buf, start, end, record.PROPERTY_UNIQ_KEY)
+    keys = scan_module.property_value(buf, start, end, record.PROPERTY_KEYS)
+    expected = ([old_keys] if old_keys else []) + ([k for k in keys.split(record.KEY_SEPARATOR) if k] if keys else [])
+    assert scan_module.index_keys_of(properties) == expected
