@@ -17,6 +17,7 @@ time; `ConsumeQueue._lock` guards the file list and the frontier for readers on 
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -53,11 +54,12 @@ class Unit:
 
 class _QueueFile:
     """One file of a queue, mapped when opened, or (`lazy`: a file parallel-dispatch workers
-    made) on first use of `mm`."""
+    made) on first use of `mm`.  Its path is a string: parallel dispatch adopts thousands of new
+    queues in one batch, and a pathlib join costs several times an f-string."""
 
     __slots__ = ("start", "path", "size", "_mm")
 
-    def __init__(self, path: Path, start: int, size: int, create: bool, lazy: bool = False) -> None:
+    def __init__(self, path: str, start: int, size: int, create: bool, lazy: bool = False) -> None:
         self.start = start  # first logical offset in the file
         self.path = path
         self.size = size
@@ -70,7 +72,7 @@ class _QueueFile:
         except FileNotFoundError:
             if not create:
                 raise
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd = os.open(self.path, flags, 0o644)
         try:
             if os.fstat(fd).st_size < self.size:
@@ -110,6 +112,12 @@ class _QueueFile:
         except BufferError:  # a reader still holds a view; the mapping goes with it
             pass
 
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
 
 _LAZY_MAPPING = threading.Lock()
 
@@ -147,7 +155,7 @@ class ConsumeQueue:
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.directory = Path(root) / topic / str(queue_id)
+        self._directory = f"{root}/{topic}/{queue_id}"  # a Path when asked for (`directory`)
         self.units_per_file = units_per_file
         self.file_size = units_per_file * UNIT_SIZE
         self._files: list[_QueueFile] = []
@@ -160,6 +168,10 @@ class ConsumeQueue:
         self.max_physical_offset = 0  # end of the furthest commit-log record indexed
         if load:  # load=False: parallel dispatch adopts files its workers are writing (adopt_files)
             self._load()
+
+    @functools.cached_property
+    def directory(self) -> Path:
+        return Path(self._directory)
 
     @property
     def commit_frontier(self) -> int:
@@ -192,7 +204,7 @@ class ConsumeQueue:
             if byte_offset % self.file_size:
                 log.warning("consume queue file %s is not aligned to the %d-byte file size; ignored", path, self.file_size)
                 continue
-            self._files.append(_QueueFile(path, byte_offset // UNIT_SIZE, self.file_size, create=False))
+            self._files.append(_QueueFile(str(path), byte_offset // UNIT_SIZE, self.file_size, create=False))
         if not self._files:
             return
         self.min_offset = self._files[0].start
@@ -234,10 +246,7 @@ class ConsumeQueue:
         self._files.remove(qf)
         self._files_changed()
         qf.close()
-        try:
-            qf.path.unlink()
-        except FileNotFoundError:
-            pass
+        qf.unlink()
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -262,7 +271,7 @@ class ConsumeQueue:
 
     def _add_file(self, start: int) -> _QueueFile:
         self.directory.mkdir(parents=True, exist_ok=True)
-        qf = _QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True)
+        qf = _QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True)
         with self._lock:
             self._files.append(qf)
             self._files_changed()
@@ -364,7 +373,7 @@ class ConsumeQueue:
             # burst of new queues (10,000 in one batch in bench/dispatch.py) without opening and
             # mapping each file on its thread, 45 us a queue
             with self._lock:
-                self._files.append(_QueueFile(self.directory / file_name(start * UNIT_SIZE), start, self.file_size, create=True, lazy=True))
+                self._files.append(_QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True, lazy=True))
         else:
             self._add_file(start)  # mapped now: the slots below `first_offset` get the blank
         self._start_at(first_offset)
@@ -524,7 +533,7 @@ class ConsumeQueue:
             for qf in [f for f in self._files if f.start >= new_frontier and f.start > self.min_offset]:
                 self._files.remove(qf)
                 qf.close()
-                qf.path.unlink(missing_ok=True)
+                qf.unlink()
             self._files_changed()
             self.commit_frontier = new_frontier
             self.max_physical_offset = 0
@@ -551,7 +560,7 @@ class ConsumeQueue:
                 qf = self._files.pop(0)
                 self._files_changed()
                 qf.close()
-                qf.path.unlink(missing_ok=True)
+                qf.unlink()
 
     def flush(self) -> None:
         with self._lock:

@@ -589,11 +589,11 @@ class ParallelDispatcher:
         if len(runs) <= SMALL_COMMIT:
             # a few queues: committing them one at a time costs less than NumPy's setup
             numbers = [self._topic_number(t) for t in runs.topic_names]
-            codes = [(numbers[t] << 32) | (q & 0xFFFFFFFF) for t, q in zip(runs.topic_ids.tolist(), runs.queue_ids.tolist())]
+            topic_ids, queue_ids = runs.topic_ids.tolist(), runs.queue_ids.tolist()
+            codes = [(numbers[t] << 32) | (q & 0xFFFFFFFF) for t, q in zip(topic_ids, queue_ids)]
             code_of = self._code_of
-            firsts = runs.firsts.tolist()
-            slow = [(i, code, code_of.get(code, -1), first, first + count)
-                    for i, (code, first, count) in enumerate(zip(codes, firsts, runs.counts.tolist()))]
+            slow = [(i, t, q, code, code_of.get(code, -1), first, first + count)
+                    for i, (t, q, code, first, count) in enumerate(zip(topic_ids, queue_ids, codes, runs.firsts.tolist(), runs.counts.tolist()))]
         else:
             numbers = np.array([self._topic_number(t) for t in runs.topic_names], dtype=np.int64)
             code_array = (numbers[runs.topic_ids] << 32) | (runs.queue_ids.astype(np.int64) & 0xFFFFFFFF)
@@ -612,12 +612,16 @@ class ParallelDispatcher:
             if self.listeners:
                 row_keys = self._row_keys
                 changes.update(zip([row_keys[r] for r in fast_rows.tolist()], end_array[fast].tolist()))
-            slow = [(i, int(code_array[i]), int(rows[i]), int(first_array[i]), int(end_array[i])) for i in np.flatnonzero(~fast).tolist()]
-            if not slow:
+            slow_at = np.flatnonzero(~fast)
+            if not len(slow_at):
                 return
+            # as lists, not one NumPy scalar at a time: a batch may start thousands of new queues
+            slow = zip(slow_at.tolist(), runs.topic_ids[slow_at].tolist(), runs.queue_ids[slow_at].tolist(),
+                       code_array[slow_at].tolist(), rows[slow_at].tolist(), first_array[slow_at].tolist(), end_array[slow_at].tolist())
         registered = False
-        for i, code, row, first, end in slow:
-            key = (runs.topic_names[runs.topic_ids[i]], int(runs.queue_ids[i]))
+        names = runs.topic_names
+        for i, topic_id, queue_id, code, row, first, end in slow:
+            key = (names[topic_id], queue_id)
             cq = self._queue_at(key, first)
             extra = runs.extras.get(i)
             if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
