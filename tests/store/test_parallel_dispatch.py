@@ -277,18 +277,25 @@ def test_a_new_queue_starting_its_file_is_mapped_by_its_first_reader(tmp_path):
 
 
 def test_workers_keep_the_file_size_of_an_existing_queue(tmp_path):
-    """A queue written before with 16-unit files gets 16-unit files from a builder whose
-    default is 32; a new queue gets the default."""
+    """A queue written before with 16-unit files gets 16-unit files from workers whose default
+    is 32 (the store's ConsumeQueueStore tells them); a new queue gets the default."""
     old = ConsumeQueue(tmp_path / "cq", "t", 0, 16)
     old.initialize_at(0)
     old.close()
-    builder = BatchBuilder(str(tmp_path / "cq"), 32, False)
-    builder._write_slots("t", 0, builder._queue_units_per_file(("t", 0)), [20], [(100, 10, 0)])
-    builder._write_slots("t", 1, builder._queue_units_per_file(("t", 1)), [20], [(200, 10, 0)])
-    builder.close()
+    cqs = ConsumeQueueStore(tmp_path / "cq", 32)
+    assert cqs.file_sizes() == {("t", 0): 16}
+    log, _ = build_log(tmp_path / "log", [("t", 0)] * 20 + [("t", 1)] * 20 + [("t", 0), ("t", 1)] * 10)
+    dispatcher = ParallelDispatcher(log, cqs, None, 0, 2, batch_bytes=2000, inline_bytes=0)
+    dispatcher.dispatch_until(log.write_position)
+    dispatcher.close()
+    cqs.close()
     assert sorted((p.name, p.stat().st_size) for p in (tmp_path / "cq" / "t" / "0").iterdir()) == [
         (f"{0:020d}", 16 * 20), (f"{16 * 20:020d}", 16 * 20)]
     assert [(p.name, p.stat().st_size) for p in (tmp_path / "cq" / "t" / "1").iterdir()] == [(f"{0:020d}", 32 * 20)]
+    reopened = ConsumeQueueStore(tmp_path / "cq", 32)
+    assert [u.commit_log_offset for u in reopened.get("t", 0).read(0, 100)] == [
+        r.commit_log_offset for r in iter_records(log) if r.queue_id == 0]
+    reopened.close()
 
 
 def iter_records(log: CommitLog):

@@ -135,13 +135,20 @@ class BatchBuilder:
     MAX_QUEUE_FILES = 30_000  # mappings kept open (vm.max_map_count is 65,530 by default)
     MAX_SEGMENTS = 4
 
-    def __init__(self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool) -> None:
+    def __init__(
+        self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool,
+        units_per_file: dict[QueueKey, int] | None = None,
+    ) -> None:
         self.root = Path(consume_queue_root)
         self.default_units_per_file = default_units_per_file
         self.index_enabled = index_enabled
         self._segments: dict[str, mmap.mmap] = {}
-        self._units_per_file: dict[QueueKey, int] = {}
-        self._new_directories: set[QueueKey] = set()  # found missing by `_queue_units_per_file`
+        # the queues whose files have another size than the default, as the coordinator's
+        # ConsumeQueueStore loaded them (`ConsumeQueueStore.file_sizes`); every other queue is
+        # new or has default-size files, so a worker learns a queue's file size without asking
+        # the file system (a scandir of each queue's directory was 20 us a queue, doubled when
+        # two workers met the same new queues)
+        self._units_per_file: dict[QueueKey, int] = dict(units_per_file or {})
         self._files: dict[tuple[str, int, int], mmap.mmap] = {}
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
@@ -166,31 +173,12 @@ class BatchBuilder:
             self._segments[task.segment_path] = mm
         return mm
 
-    def _queue_units_per_file(self, key: QueueKey) -> int:
-        upf = self._units_per_file.get(key)
-        if upf is None:
-            upf = self.default_units_per_file
-            try:
-                with os.scandir(f"{self.root}/{key[0]}/{key[1]}") as entries:
-                    sizes = [e.stat().st_size for e in entries if e.name.isdigit() and len(e.name) == 20]
-            except FileNotFoundError:  # a new queue: `_queue_file` makes its directory first
-                self._new_directories.add(key)
-            else:
-                if sizes and max(sizes) >= UNIT_SIZE:
-                    upf = max(sizes) // UNIT_SIZE  # an existing queue keeps its file size
-            self._units_per_file[key] = upf
-        return upf
-
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
         if len(self._files) >= self.MAX_QUEUE_FILES:
             self.close_queue_files()
         directory = f"{self.root}/{topic}/{queue_id}"
         size = upf * UNIT_SIZE
         path = f"{directory}/{file_name(file_start * UNIT_SIZE)}"
-        new_directories = self._new_directories
-        if new_directories and (topic, queue_id) in new_directories:
-            new_directories.discard((topic, queue_id))
-            _make_directory(directory)  # at once: the open would fail
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:
@@ -319,6 +307,7 @@ class BatchBuilder:
         runs = QueueRuns(names, group_topic_ids, group_queue_ids, slots[starts], stops - starts, {})
         files = self._files
         upf_of = self._units_per_file
+        default_upf = self.default_units_per_file
         crash_test = self.exit_after_units
         groups = list(enumerate(zip(
             starts.tolist(), stops.tolist(), first_slots, contiguous, group_topic_ids.tolist(), group_queue_ids.tolist()
@@ -329,7 +318,7 @@ class BatchBuilder:
         for group, (start, stop, first, whole, tid, queue_id) in groups:
             topic = names[tid]
             key = (topic, queue_id)
-            upf = upf_of.get(key) or self._queue_units_per_file(key)
+            upf = upf_of.get(key, default_upf)
             if crash_test or not whole:
                 run_count, extra = self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop].tolist())
                 runs.counts[group] = run_count
@@ -379,7 +368,7 @@ class BatchBuilder:
         for group, code in enumerate(sorted(groups)):
             topic_id, queue_id, slots, units = groups[code]
             key = (names[topic_id], queue_id)
-            upf = self._units_per_file.get(key) or self._queue_units_per_file(key)
+            upf = self._units_per_file.get(key, self.default_units_per_file)
             count, extra = self._write_slots(key[0], queue_id, upf, slots, units)
             topic_ids.append(topic_id)
             queue_ids.append(queue_id)
@@ -433,11 +422,16 @@ class BatchBuilder:
 
 
 def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool, first_queue: float = 0.0) -> None:
-    """A worker process: build each task it receives and send back the result, keeping the
+    """A worker process: take the sizes of the queues whose files are not of the default size
+    (the first message), then build each task it receives and send back the result, keeping the
     index entries until asked to append them; None stops it.  Messages already sent are read
     before each build and between its decoding and its writing, and append requests among them
     are answered at once: the coordinator waits for them, the builds can wait."""
-    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled)
+    try:
+        units_per_file = conn.recv()
+    except EOFError:
+        return  # the coordinator is gone
+    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file)
     builder.coordinator_pid = os.getppid()
     builder.hold_index = True
     builder.first_queue = first_queue

@@ -203,6 +203,12 @@ class ConsumeQueueStore:
     def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.queues.get((topic, queue_id))
 
+    def file_sizes(self) -> dict[QueueKey, int]:
+        """Units per file of the queues whose files are not of the default size (written with
+        another setting); every other queue, and every queue made from now on, has the default."""
+        default = self.units_per_file
+        return {key: cq.units_per_file for key, cq in self.queues.items() if cq.units_per_file != default}
+
     def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
         cq = self.queues.get(key)

@@ -2,8 +2,9 @@
 
     python -m tidemq.store.dispatch_worker READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1) FIRST_QUEUE
 
-It reads pickled `BatchTask`s from READ_FD and answers `BatchResult`s on WRITE_FD until it reads
-None or the pipe closes (its coordinator is gone)."""
+It reads the file sizes of the queues whose files are not of the default size (a pickled dict),
+then pickled `BatchTask`s from READ_FD, and answers `BatchResult`s on WRITE_FD until it reads None
+or the pipe closes (its coordinator is gone)."""
 
 import sys
 

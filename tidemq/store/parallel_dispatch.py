@@ -61,6 +61,7 @@ batch is built again.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import multiprocessing.connection
 import os
@@ -99,6 +100,8 @@ DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
 MAX_WORKER_DEATHS_IN_A_ROW = 4
 SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time
+RESULT_PIPE_BYTES = 1 << 20  # a worker's answers pipe: room for an answer naming 40,000 queues
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
 
 
 _MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
@@ -127,9 +130,20 @@ class _Worker:
 
     __slots__ = ("process", "conn", "tasks")
 
-    def __init__(self, consume_queue_root: str, units_per_file: int, index_enabled: bool, first_queue: float) -> None:
+    def __init__(
+        self, consume_queue_root: str, units_per_file: int, file_sizes: dict[QueueKey, int], index_enabled: bool,
+        first_queue: float,
+    ) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
+        if _F_SETPIPE_SZ is not None:
+            try:
+                # an answer naming 10,000 queues is 250 KB: in a 64 KB pipe the worker waited
+                # (140-250 ms) to send it until the coordinator had committed the batches before
+                # (new queues), instead of building its next batch meanwhile
+                fcntl.fcntl(from_child_w, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
+            except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
+                pass
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -147,6 +161,10 @@ class _Worker:
             os.close(from_child_w)
         self.conn = _Channel(from_child_r, to_child_w)
         self.tasks: dict[int, BatchTask] = {}
+        try:
+            self.conn.send(file_sizes)  # the worker's first message (see batch_builder._worker_main)
+        except OSError:
+            pass  # it died at once: noticed and replaced by ParallelDispatcher._collect
 
     @property
     def pid(self) -> int:
@@ -375,7 +393,8 @@ class ParallelDispatcher:
 
     def _build_inline(self, task: BatchTask) -> BatchResult:
         if self._builder is None:
-            self._builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, self.key_index is not None)
+            self._builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, self.key_index is not None,
+                                         self.queues.file_sizes())
         self.inline_batches += 1
         return self._builder.build(task)
 
@@ -385,7 +404,8 @@ class ParallelDispatcher:
         # worker `number` of N writes each batch's queues starting `number / N` of the way
         # through them, so that workers creating the same queues' files at the same time do
         # not queue up on the same directories (see BatchBuilder.first_queue)
-        return _Worker(str(self.queues.root), self.queues.units_per_file, self.key_index is not None, number / self.worker_count)
+        return _Worker(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(), self.key_index is not None,
+                       number / self.worker_count)
 
     def start_workers(self) -> None:
         """Start the worker processes now rather than on the first large backlog."""
