@@ -40,6 +40,9 @@ UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]
 assert UNIT_DTYPE.itemsize == UNIT_SIZE
 
 
+_MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+
+
 def file_name(byte_offset: int) -> str:
     return f"{byte_offset:020d}"
 
@@ -75,11 +78,17 @@ class _QueueFile:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd = os.open(self.path, flags, 0o644)
         try:
-            if os.fstat(fd).st_size < self.size:
+            extended = os.fstat(fd).st_size < self.size
+            if extended:
                 os.ftruncate(fd, self.size)
-            return mmap.mmap(fd, self.size)
+            mm = mmap.mmap(fd, self.size)
         finally:
             os.close(fd)
+        if extended and _MADV_RANDOM is not None:
+            # a new (sparse) file: without it the first write fault reads ahead the whole file's
+            # holes into the page cache as zero pages (100 pages of a 400 KB file)
+            mm.madvise(_MADV_RANDOM)
+        return mm
 
     @property
     def mm(self) -> mmap.mmap:
