@@ -16,7 +16,7 @@ import sys
 from .broker import Broker, BrokerConfig
 from .protocol.grpc import GrpcServer, MessagingService, admin_methods
 from .serve_options import ServeOptions, resolve_options
-from .store import MessageStore, StoreConfig
+from .store import MessageStore, StoreConfig, raise_open_file_limit
 
 log = logging.getLogger("tidemq.server")
 
@@ -112,6 +112,7 @@ def event_loop_factory(choice: str):
 def run(args: argparse.Namespace) -> int:
     options = resolve_options(args)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    raise_open_file_limit()  # every mapped queue file holds an open file
     with asyncio.Runner(loop_factory=event_loop_factory(options.event_loop)) as runner:
         runner.run(serve(options))
     return 0

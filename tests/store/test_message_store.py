@@ -355,3 +355,58 @@ def test_close_on_a_disk_that_will_not_flush_still_stops_everything(tmp_path, wo
         assert again.max_offset("t", 0) == 50
         assert again.get("t", 0, 49, 1).messages[0].body == b"49"
     assert check(tmp_path).sound
+
+
+MANY_QUEUES_CHILD = textwrap.dedent(
+    """
+    import resource, sys
+    # a hard limit of 300 open files, which no process below can raise
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
+    from tidemq.store import *
+    directory, workers = sys.argv[1], int(sys.argv[2])
+    config = StoreConfig(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=workers)
+    with MessageStore(directory, config) as store:
+        for i in range(1200):  # 600 queues, two messages each
+            store.put(Message(topic=f"t{i % 3}", body=b"m%d" % i, queue_id=i % 600 // 3))
+        print("dispatched", store.wait_dispatched(60), flush=True)
+        print("offsets", sorted({store.max_offset(f"t{t}", q) for t in range(3) for q in range(200)}), flush=True)
+        print("bodies", all(store.get("t1", 199, 0).messages[k].body == b"m%d" % (598 + 600 * k) for k in (0, 1)), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_more_queues_than_open_files_allowed(tmp_path, workers):
+    """Every mapped queue file holds an open file; a store with more queues than the open-file
+    limit keeps only a budget of them mapped (workers too) and dispatches every one."""
+    child = subprocess.run([sys.executable, "-c", MANY_QUEUES_CHILD, str(tmp_path), str(workers)],
+                           capture_output=True, text=True, timeout=120)
+    assert child.stdout.splitlines() == ["dispatched True", "offsets [2]", "bodies True"], child.stderr[-2000:]
+    with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64)) as store:
+        assert all(store.max_offset(f"t{t}", q) == 2 for t in range(3) for q in range(200))
+    assert check(tmp_path).sound
+
+
+def test_queue_file_mappings_past_the_budget_are_dropped_and_made_again(tmp_path):
+    """Past the budget the oldest mapping is dropped; the queue maps its file again when used,
+    and nothing written through the dropped mapping is lost."""
+    from tidemq.store import consume_queue
+
+    mappings = consume_queue.MAPPINGS
+    saved = mappings.budget
+    mappings.budget = len(mappings) + 8
+    try:
+        with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=1)) as store:
+            for round_ in range(3):
+                for q in range(40):
+                    store.put(Message(topic="many", body=b"%d-%d" % (q, round_), queue_id=q, tags="r%d" % round_))
+                assert store.wait_dispatched()
+                assert len(mappings) <= mappings.budget
+            for q in range(40):
+                got = store.get("many", q, 0)
+                assert [m.body for m in got.messages] == [b"%d-%d" % (q, r) for r in range(3)]
+        with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=1)) as store:
+            assert all(store.max_offset("many", q) == 3 for q in range(40))
+    finally:
+        mappings.budget = saved
+    assert check(tmp_path).sound

@@ -24,6 +24,7 @@ from .message_store import (
     PutResult,
     StoreConfig,
 )
+from .open_files import raise_limit as raise_open_file_limit
 
 __all__ = [
     "record",
@@ -43,6 +44,7 @@ __all__ = [
     "FLUSH_SYNC",
     "DispatchLag",
     "GetResult",
+    "raise_open_file_limit",
     "Message",
     "MessageStore",
     "PutResult",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import record
+from . import open_files, record
 from .consume_queue import UNIT, UNIT_SIZE, file_name
 from .dispatch import QueueKey, group_by_queue
 from .index_file import HEADER, IndexFile
@@ -132,7 +132,6 @@ class BatchBuilder:
     """Decodes one batch of records and writes their ConsumeQueue units at their slots through
     its own file mappings.  Caches segment and queue-file mappings between batches."""
 
-    MAX_QUEUE_FILES = 30_000  # mappings kept open (vm.max_map_count is 65,530 by default)
     MAX_SEGMENTS = 4
 
     def __init__(
@@ -150,6 +149,8 @@ class BatchBuilder:
         # two workers met the same new queues)
         self._units_per_file: dict[QueueKey, int] = dict(units_per_file or {})
         self._files: dict[tuple[str, int, int], mmap.mmap] = {}
+        # mappings kept open: each holds an open file (open_files); all are closed at the budget
+        self.max_queue_files = open_files.mapping_budget()
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
@@ -174,7 +175,7 @@ class BatchBuilder:
         return mm
 
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
-        if len(self._files) >= self.MAX_QUEUE_FILES:
+        if len(self._files) >= self.max_queue_files:
             self.close_queue_files()
         directory = f"{self.root}/{topic}/{queue_id}"
         size = upf * UNIT_SIZE
@@ -427,12 +428,14 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
     index entries until asked to append them; None stops it.  Messages already sent are read
     before each build and between its decoding and its writing, and append requests among them
     are answered at once: the coordinator waits for them, the builds can wait."""
+    open_files.raise_limit()  # the more queue files stay mapped between batches, the better
     try:
         units_per_file = conn.recv()
     except EOFError:
         return  # the coordinator is gone
     builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file)
     builder.coordinator_pid = os.getppid()
+    builder.max_queue_files = open_files.mapping_budget(share=1.0)  # its only cache of mappings
     builder.hold_index = True
     builder.first_queue = first_queue
     # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER

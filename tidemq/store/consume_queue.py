@@ -29,6 +29,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from . import open_files
+
 log = logging.getLogger(__name__)
 
 UNIT = struct.Struct(">qiq")
@@ -66,7 +68,10 @@ class _QueueFile:
         self.start = start  # first logical offset in the file
         self.path = path
         self.size = size
-        self._mm: mmap.mmap | None = None if lazy else self._map(create)
+        self._mm: mmap.mmap | None = None
+        if not lazy:
+            self._mm = self._map(create)
+            MAPPINGS.added(self)
 
     def _map(self, create: bool) -> mmap.mmap:
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
@@ -95,9 +100,12 @@ class _QueueFile:
         mm = self._mm
         if mm is None:
             with _LAZY_MAPPING:  # readers on several threads: one mapping
-                if self._mm is None:
-                    self._mm = self._map(create=True)  # as the workers open it (idempotent), or make it
                 mm = self._mm
+                if mm is None:
+                    # as the workers open it (idempotent), or make it; or again, after MAPPINGS
+                    # dropped the mapping to stay within the open-file budget
+                    mm = self._mm = self._map(create=True)
+                    MAPPINGS.added(self)
         return mm
 
     def flush(self) -> None:
@@ -114,6 +122,7 @@ class _QueueFile:
                 os.close(fd)
 
     def close(self) -> None:
+        MAPPINGS.removed(self)
         if self._mm is None:
             return
         try:
@@ -129,6 +138,40 @@ class _QueueFile:
 
 
 _LAZY_MAPPING = threading.Lock()
+
+
+class _Mappings:
+    """The queue files this process has mapped, oldest first.  Each mapping holds an open file
+    (see `open_files`); past `budget` the oldest is dropped: its `_QueueFile` forgets it, the
+    mapping closes once no reader holds it any more (no one is cut off mid-read or mid-write),
+    and the file is mapped again on next use.  Written pages stay in the page cache, and a
+    file's `flush` without a mapping syncs them through the file."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mapped: dict[_QueueFile, None] = {}
+        self.budget = 0  # set from the open-file limit at the first mapping (tests set it)
+
+    def added(self, queue_file: _QueueFile) -> None:
+        with self._lock:
+            if not self.budget:
+                self.budget = open_files.mapping_budget()
+            mapped = self._mapped
+            mapped[queue_file] = None
+            while len(mapped) > self.budget:
+                oldest = next(iter(mapped))
+                del mapped[oldest]
+                oldest._mm = None
+
+    def removed(self, queue_file: _QueueFile) -> None:
+        with self._lock:
+            self._mapped.pop(queue_file, None)
+
+    def __len__(self) -> int:
+        return len(self._mapped)
+
+
+MAPPINGS = _Mappings()
 
 
 class FrontierTable:
