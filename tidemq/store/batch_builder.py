@@ -150,7 +150,7 @@ class BatchBuilder:
         self._units_per_file: dict[QueueKey, int] = dict(units_per_file or {})
         self._files: dict[tuple[str, int, int], mmap.mmap] = {}
         # mappings kept open: each holds an open file (open_files); all are closed at the budget
-        self.max_queue_files = open_files.mapping_budget()
+        self.max_queue_files = open_files.mapping_budget(open_files.INLINE_BUILDER_SHARE)
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died

@@ -155,7 +155,7 @@ class _Mappings:
     def added(self, queue_file: _QueueFile) -> None:
         with self._lock:
             if not self.budget:
-                self.budget = open_files.mapping_budget()
+                self.budget = open_files.mapping_budget(open_files.CONSUME_QUEUE_SHARE)
             mapped = self._mapped
             mapped[queue_file] = None
             while len(mapped) > self.budget:

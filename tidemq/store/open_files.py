@@ -8,9 +8,11 @@ stop dispatching with EMFILE ("Too many open files") and could not even be close
   own limit).
 - `mapping_budget(share)` is how many queue-file mappings a cache of them keeps: its share of
   what the soft limit leaves after a reserve for segments, index files, pipes and sockets, and at
-  most 30,000 (`vm.max_map_count` is 65,530 by default).  The store process has two such caches
-  (its ConsumeQueues' files, and the batch builder that dispatches small backlogs inline), half
-  each; a dispatch worker has one.  Mappings past a budget are dropped and made again when used.
+  most 30,000 (`vm.max_map_count` is 65,530 by default).  The store process has two such caches:
+  its ConsumeQueues' files (`CONSUME_QUEUE_SHARE`: a queue cycled through with more queues than
+  mappings would map again on every visit) and the batch builder that dispatches small backlogs
+  inline (`INLINE_BUILDER_SHARE`: such a backlog names few queues); a dispatch worker has one.
+  Mappings past a budget are dropped and made again when used.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 RESERVE = 256  # descriptors left for everything that is not a queue-file mapping
 MAX_MAPPINGS = 30_000
 MIN_MAPPINGS = 16
+CONSUME_QUEUE_SHARE = 0.8
+INLINE_BUILDER_SHARE = 0.1
 
 
 def raise_limit() -> int:
@@ -46,7 +50,7 @@ def raise_limit() -> int:
     return soft
 
 
-def mapping_budget(share: float = 0.5) -> int:
+def mapping_budget(share: float) -> int:
     """How many queue-file mappings a cache holding `share` of this process's open files may
     keep under its present soft limit."""
     if resource is None:
