@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from . import open_files, record
-from .consume_queue import UNIT, UNIT_SIZE, file_name
+from .consume_queue import UNIT, UNIT_SIZE, file_name, map_queue_file
 from .dispatch import QueueKey, group_by_queue
 from .index_file import HEADER, IndexFile
 from .scan import scan
@@ -37,12 +37,6 @@ CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 CRASH_EXIT_CODE = 75
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
 MAX_HELD_BATCHES = 256  # index entries of batches never asked for (dropped batches) are let go
-# A write fault on a page of a new (sparse) queue file starts readahead, which fills the page
-# cache with the file's zero pages up to the device's readahead size (often the whole file):
-# measured 90-150 us for the first unit written into a 400 KB file, 8 us without readahead.
-# With 10,000 queues that is most of the cost of creating their files, so the workers map
-# queue files with MADV_RANDOM (each fault brings in its own page).
-_MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 
 
 @dataclass(slots=True)
@@ -118,16 +112,6 @@ class IndexAppended:
 
 
 
-def _make_directory(directory: str) -> None:
-    """A queue's directory (another worker may be making it too)."""
-    try:
-        os.mkdir(directory)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:  # the topic's too
-        os.makedirs(directory, exist_ok=True)
-
-
 class BatchBuilder:
     """Decodes one batch of records and writes their ConsumeQueue units at their slots through
     its own file mappings.  Caches segment and queue-file mappings between batches."""
@@ -177,22 +161,11 @@ class BatchBuilder:
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
         if len(self._files) >= self.max_queue_files:
             self.close_queue_files()
-        directory = f"{self.root}/{topic}/{queue_id}"
-        size = upf * UNIT_SIZE
-        path = f"{directory}/{file_name(file_start * UNIT_SIZE)}"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            _make_directory(directory)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # every creator extends to the same size: idempotent
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        if _MADV_RANDOM is not None:
-            mm.madvise(_MADV_RANDOM)  # a first write reads in one page, not the file (readahead)
+        path = f"{self.root}/{topic}/{queue_id}/{file_name(file_start * UNIT_SIZE)}"
+        # every creator extends to the same size: idempotent; random access, so that a first
+        # write reads in one page, not the file (readahead): with 10,000 new queues that was
+        # most of the cost of making their files
+        mm = map_queue_file(path, upf * UNIT_SIZE, random_access=True)
         self._files[(topic, queue_id, file_start)] = mm
         return mm
 

@@ -49,6 +49,43 @@ def file_name(byte_offset: int) -> str:
     return f"{byte_offset:020d}"
 
 
+def map_queue_file(path: str, size: int, create: bool = True, random_access: bool = False) -> mmap.mmap:
+    """Map the queue file at `path`, opened (made, with its directory, when `create`) and
+    extended to `size` bytes if shorter: idempotent, so a store and its dispatch workers may make
+    the same file at once.  Mapped MADV_RANDOM when `random_access`, and always when just
+    extended: a write fault on a new (sparse) file otherwise reads ahead the file's holes into
+    the page cache as zero pages (the whole of a 400 KB file: 90-150 us for the first unit
+    written, 8 us without readahead)."""
+    flags = os.O_RDWR | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if not create:
+            raise
+        _make_directory(os.path.dirname(path))
+        fd = os.open(path, flags, 0o644)
+    try:
+        extended = os.fstat(fd).st_size < size
+        if extended:
+            os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    if (random_access or extended) and _MADV_RANDOM is not None:
+        mm.madvise(_MADV_RANDOM)
+    return mm
+
+
+def _make_directory(directory: str) -> None:
+    """A queue's directory (another process may be making it too)."""
+    try:
+        os.mkdir(directory)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:  # the topic's too
+        os.makedirs(directory, exist_ok=True)
+
+
 @dataclass(slots=True, frozen=True)
 class Unit:
     queue_offset: int
@@ -70,29 +107,12 @@ class _QueueFile:
         self.size = size
         self._mm: mmap.mmap | None = None
         if not lazy:
-            self._mm = self._map(create)
-            MAPPINGS.added(self)
+            self._map(create)
 
     def _map(self, create: bool) -> mmap.mmap:
-        flags = os.O_RDWR | (os.O_CREAT if create else 0)
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except FileNotFoundError:
-            if not create:
-                raise
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd = os.open(self.path, flags, 0o644)
-        try:
-            extended = os.fstat(fd).st_size < self.size
-            if extended:
-                os.ftruncate(fd, self.size)
-            mm = mmap.mmap(fd, self.size)
-        finally:
-            os.close(fd)
-        if extended and _MADV_RANDOM is not None:
-            # a new (sparse) file: without it the first write fault reads ahead the whole file's
-            # holes into the page cache as zero pages (100 pages of a 400 KB file)
-            mm.madvise(_MADV_RANDOM)
+        """Map the file (see `map_queue_file`) and count the mapping against the budget."""
+        mm = self._mm = map_queue_file(self.path, self.size, create)
+        MAPPINGS.added(self)
         return mm
 
     @property
@@ -104,8 +124,7 @@ class _QueueFile:
                 if mm is None:
                     # as the workers open it (idempotent), or make it; or again, after MAPPINGS
                     # dropped the mapping to stay within the open-file budget
-                    mm = self._mm = self._map(create=True)
-                    MAPPINGS.added(self)
+                    mm = self._map(create=True)
         return mm
 
     def flush(self) -> None:
