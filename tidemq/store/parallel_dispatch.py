@@ -350,14 +350,14 @@ class ParallelDispatcher:
         hard_stop = min(limit, seg_end) - base
         if pos >= hard_stop or pos + 8 > segment.size:
             return None
-        total, magic = _SIZE_MAGIC.unpack_from(mm, pos)
-        if magic == record.BLANK_MAGIC_CODE and pos + total == segment.size:
-            # the blank closes the segment: an empty batch moves the dispatched offset past it
+        if record.closes_segment(mm, pos, segment.size):
+            # an empty batch moves the dispatched offset past the blank
             task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, offset)
             self._next_id += 1
             self._blank_ends[task.batch_id] = seg_end
             self._cut_offset = seg_end
             return task
+        total, magic = _SIZE_MAGIC.unpack_from(mm, pos)
         if magic not in _MESSAGE_MAGICS or total < MIN_RECORD_SIZE or pos + total > hard_stop:
             return None  # not written yet, or damage the sequential walk reports; never skip past it
         end = hard_stop

@@ -639,6 +639,15 @@ def encode(
     return bytes(out)
 
 
+def closes_segment(buf, pos: int, segment_size: int) -> bool:
+    """Whether the bytes at `pos` of a segment's `segment_size` bytes are the blank that closes
+    it (dispatch moves past it to the next segment)."""
+    if pos + BLANK_SIZE > segment_size:
+        return False
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    return magic == BLANK_MAGIC_CODE and pos + size == segment_size
+
+
 def encode_blank(size: int) -> bytes:
     """The filler that closes a segment: `size` bytes, of which the first 8 say so."""
     if size < BLANK_SIZE:

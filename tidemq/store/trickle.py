@@ -21,7 +21,6 @@ before `begin` is still being built.
 
 from __future__ import annotations
 
-import struct
 from typing import Callable
 
 from . import record
@@ -35,7 +34,6 @@ MAX_RECORDS = 32  # more is a batch (measured: a trickle costs less per round up
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
 
 _ENTRY_KINDS = (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
-_SIZE_MAGIC = struct.Struct(">ii")
 
 
 def dispatch_trickle(
@@ -83,11 +81,8 @@ def dispatch_trickle(
         end = base_offset + record_end
         count += 1
         last_timestamp = store_timestamp
-    at = end - base_offset
-    if at + 8 <= len(buf):
-        size, magic = _SIZE_MAGIC.unpack_from(buf, at)
-        if magic == record.BLANK_MAGIC_CODE and at + size == len(buf):
-            end = base_offset + len(buf)  # the blank closes the segment: dispatch moves past it
+    if record.closes_segment(buf, end - base_offset, len(buf)):
+        end = base_offset + len(buf)  # dispatch moves past the blank
     if key_index is not None and end > begin:
         key_index.append_entries(hashes, phys, times, end)
     return end, count, last_timestamp
