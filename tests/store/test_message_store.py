@@ -89,6 +89,11 @@ def test_message_fields_round_trip_through_the_store(tmp_path):
         (Message(topic="t", body=b"x", properties={"bad\x01": "v"}), "separator"),
         (Message(topic="t", body=b"x", tags="a\x02b"), "separator"),
         (Message(topic="t", body=b"x", born_host=("not-an-ip", 1)), "encode"),
+        (Message(topic="t", body=b"x", flag=1 << 31), "flag .* 32-bit"),
+        (Message(topic="t", body=b"x", sysflag=-(1 << 31) - 1), "sysflag .* 32-bit"),
+        (Message(topic="t", body=b"x", reconsume_times=1.5), "reconsume_times .* 32-bit"),
+        (Message(topic="t", body=b"x", prepared_transaction_offset=1 << 63), "prepared_transaction_offset .* 64-bit"),
+        (Message(topic="t", body=b"x", born_timestamp="now"), "born_timestamp .* 64-bit"),
     ],
 )
 def test_bad_input_is_refused_and_consumes_no_offset(tmp_path, message, fragment):
@@ -307,6 +312,8 @@ def test_put_batch_is_ordered_and_all_or_nothing_on_bad_input(tmp_path):
         before = store.commit_log.write_position
         with pytest.raises(InvalidMessageError):
             store.put_batch([Message(topic="b", body=b"ok"), Message(topic="", body=b"bad")])
+        with pytest.raises(InvalidMessageError, match="flag"):  # a field that does not fit its record field
+            store.put_batch([Message(topic="b", body=b"ok"), Message(topic="b", body=b"bad", flag=1 << 40)])
         assert store.commit_log.write_position == before
         assert store.put(Message(topic="b", body=b"next")).queue_offset == 20
         store.wait_dispatched()

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from .message_store import Message, StoreConfig
 
 _UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
+# The record's numeric fields a message sets, with their widths: FLAG, SYSFLAG, RECONSUMETIMES
+# (i32), PREPAREDTXOFFSET and BORNTIMESTAMP (i64).
+_NUMERIC_FIELDS = (("flag", 32), ("sysflag", 32), ("reconsume_times", 32), ("prepared_transaction_offset", 64), ("born_timestamp", 64))
+_NUMERIC_STRUCT = struct.Struct(">iiiqq")
 
 
 class _UniqueKeys:
@@ -69,6 +73,12 @@ class MessageEncoder:
             return "body must be bytes"
         if len(message.body) > cfg.max_message_size:
             return f"body is {len(message.body)} bytes, over the maximum of {cfg.max_message_size}"
+        for name, bits in _NUMERIC_FIELDS:
+            value = getattr(message, name)
+            if value is None and name == "born_timestamp":
+                continue
+            if not isinstance(value, int) or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+                return f"{name} {value!r} is not a {bits}-bit signed integer"
         return None
 
     def prepare(self, message: Message) -> tuple:
@@ -89,6 +99,10 @@ class MessageEncoder:
             if len(self._valid_topics) < 100_000:
                 self._valid_topics.add(topic)
             body = bytes(body)
+        try:  # the numeric fields fit the record (checked here so that a batch stores all or none)
+            _NUMERIC_STRUCT.pack(message.flag, message.sysflag, message.reconsume_times, message.prepared_transaction_offset, message.born_timestamp or 0)
+        except struct.error:
+            raise InvalidMessageError(self.invalid(message) or "a numeric field does not fit the record") from None
         properties = message.properties
         if properties:
             unique_key = properties.get(record.PROPERTY_UNIQ_KEY) or self._unique_keys.next()
