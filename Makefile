@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 
 .PHONY: run test bench install clean
 
-$(BIN)/.installed: pyproject.toml
+# the compiled append loop is built at install: a changed source installs again
+$(BIN)/.installed: pyproject.toml tidemq/store/_append.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'

@@ -386,12 +386,16 @@ def test_a_batch_the_disk_refuses_part_way_keeps_what_was_stored(harness):
             raise OSError(28, "No space left on device")
         return reserve(size)
 
-    harness.store.commit_log.reserve = disk_fills_after_two  # the environment: the disk fills mid-batch
+    # the environment: the disk fills mid-batch.  No warm pages ahead, so that every record needs
+    # `reserve` (where a full disk shows: a new segment, or pages that cannot be allocated).
+    harness.store.commit_log.reserve = disk_fills_after_two
+    harness.store.commit_log.warm_region = lambda: None
     batch = [Publish(topic="T", body=b"m%d" % i, message_id=f"ID{i}") for i in range(4)]
     try:
         outcomes = harness.run(harness.broker.send_batch(batch))
     finally:
         del harness.store.commit_log.reserve
+        del harness.store.commit_log.warm_region
     assert [o.message_id for o in outcomes[:2]] == ["ID0", "ID1"]
     for refused in outcomes[2:]:
         assert isinstance(refused, BrokerError) and refused.code == Code.INTERNAL_SERVER_ERROR

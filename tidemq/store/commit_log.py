@@ -198,6 +198,15 @@ class CommitLog:
             self.segments.append(segment)
         return segment
 
+    def warm_region(self) -> tuple[mmap.mmap, int, int] | None:
+        """The active segment's mapping, the commit-log offset of its first byte, and the offset
+        up to which records may be written in it without `reserve` (its warm pages); None before
+        the first `reserve`.  A record ending past that offset goes through `reserve`."""
+        segment = self._active
+        if segment is None or self._ready_end <= self.write_position:
+            return None
+        return segment.mm, segment.start, self._ready_end
+
     def reserve(self, size: int) -> tuple[mmap.mmap, int, int]:
         """Where the next `size`-byte record goes: (segment mapping, position in it, commit-log
         offset).  Rolls to a new segment, closing the current one with a blank, when the record

@@ -125,6 +125,11 @@ class DispatchLag:
     sinks: dict[str, tuple[int, int]] = field(default_factory=dict)  # per sink: (bytes, milliseconds)
 
 
+try:  # the compiled append loop; without it (no C compiler at install) the Python loop does it all
+    from ._append import write_records as _write_records
+except ImportError:
+    _write_records = None
+
 _TRANSACTION_TYPE_MASK = record.TRANSACTION_TYPE_MASK
 _TRANSACTION_COMMIT = record.TRANSACTION_COMMIT
 
@@ -361,13 +366,42 @@ class MessageStore:
     def _append_locked(self, messages, prepared, store_timestamp: int, results: list[PutResult]) -> None:
         """Assign each message its queue offset and write its record at the log's end, in order,
         adding its PutResult to `results` once written (so after an OSError part way, `results`
-        holds exactly the stored ones).  The append lock is held."""
+        holds exactly the stored ones).  The append lock is held.
+
+        The compiled loop (`_append.write_records`, when built) writes the records that fit the
+        active segment's warm pages; the Python loop writes the one that does not (it rolls the
+        segment or warms more), and the compiled loop goes on after it."""
+        write_records = _write_records
+        if write_records is None:
+            self._append_python(messages, prepared, store_timestamp, results, 0, len(messages))
+            return
+        if type(messages) is not list and type(messages) is not tuple:
+            messages = list(messages)
+        commit_log = self.commit_log
+        queue_offsets = self._queue_offsets
+        store_host = self.config.store_host
+        index, count = 0, len(messages)
+        while index < count:
+            region = commit_log.warm_region()
+            if region is not None:
+                mm, base, ready_end = region
+                index = write_records(mm, base, ready_end, messages, prepared, index, queue_offsets, store_timestamp, store_host, results, PutResult, commit_log)
+                if index == count:
+                    break
+            self._append_python(messages, prepared, store_timestamp, results, index, index + 1)
+            index += 1
+
+    def _append_python(self, messages, prepared, store_timestamp: int, results: list[PutResult], start: int, stop: int) -> None:
+        """`_append_locked` for messages[start:stop], in Python: the reference for the compiled
+        loop, and the loop itself where it is not built."""
         commit_log = self.commit_log
         reserve = commit_log.reserve
         queue_offsets = self._queue_offsets
         store_host = self.config.store_host
         stored = results.append
-        for message, (template, body, body_crc, properties_bytes, unique_key) in zip(messages, prepared):
+        for index in range(start, stop):
+            message = messages[index]
+            template, body, body_crc, properties_bytes, unique_key = prepared[index]
             born_timestamp = message.born_timestamp
             if born_timestamp is None:
                 born_timestamp = store_timestamp  # the producer's time is unknown: the store's

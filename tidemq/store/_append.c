@@ -1,0 +1,292 @@
+/* tidemq.store._append: the append loop of MessageStore, compiled.
+ *
+ * `write_records` does for a run of prepared messages what `MessageStore._append_python` does
+ * one message at a time in Python (record.py documents the layout): give each message its queue
+ * offset, write its whole record in place in the active segment's mapping, advance the commit
+ * log's `write_position`, and add a PutResult to `results`.  It writes only while the next
+ * record ends within `ready_end` (the warm part of the active segment) and returns the index of
+ * the first message it did not write; the Python loop handles that one (segment roll, warming)
+ * and calls again.
+ *
+ * The record bytes and every observable effect are those of the Python loop, which stays the
+ * reference: tests run the store's contract with both and compare bytes.  A field out of its
+ * range raises struct.error, as struct.pack_into does, after the messages before it were
+ * written and accounted for.
+ *
+ * Layout of a record (big-endian; ip is 4 or 16 bytes):
+ *   TOTALSIZE i32, MAGICCODE i32, BODYCRC i32, QUEUEID i32, FLAG i32, QUEUEOFFSET i64,
+ *   PHYSICALOFFSET i64, SYSFLAG i32, BORNTIMESTAMP i64, BORNHOST ip + port i32,
+ *   STORETIMESTAMP i64, STOREHOST ip + port i32, RECONSUMETIMES i32, PREPAREDTXOFFSET i64,
+ *   BODYLEN i32, body, topic part (length + UTF-8), PROPLEN i16, properties.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FLAG_BORNHOST_V6 0x10
+#define FLAG_STOREHOST_V6 0x20
+#define TRANSACTION_TYPE_MASK 0xC
+#define TRANSACTION_COMMIT 0x8
+
+static PyObject *struct_error;  /* struct.error */
+static PyObject *str_native, *str_topic, *str_queue_id, *str_born_timestamp, *str_flag, *str_sysflag,
+    *str_reconsume_times, *str_prepared_transaction_offset, *str_write_position;
+
+static inline unsigned char *put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+    return p + 4;
+}
+
+static inline unsigned char *put64(unsigned char *p, uint64_t v) {
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+    return p + 8;
+}
+
+/* An int attribute of `obj` that must fit `bits` signed bits (32 or 64), as struct's 'i'/'q'. */
+static int int_attr(PyObject *obj, PyObject *name, int bits, long long *out) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) return -1;
+    int rc = 0;
+    if (!PyLong_Check(value)) {
+        PyErr_Format(struct_error, "required argument is not an integer (%U)", name);
+        rc = -1;
+    } else {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (v == -1 && PyErr_Occurred()) rc = -1;
+        else if (overflow || (bits == 32 && (v < INT32_MIN || v > INT32_MAX))) {
+            PyErr_Format(struct_error, "%U is out of range for a %d-bit field", name, bits);
+            rc = -1;
+        } else *out = v;
+    }
+    Py_DECREF(value);
+    return rc;
+}
+
+static int int_item(PyObject *tuple, Py_ssize_t i, long long *out) {
+    long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+/* write_records(buf, base, ready_end, messages, prepared, start, queue_offsets, store_timestamp,
+ *               store_host, results, result_type, commit_log) -> index of the first message not
+ *               written
+ *
+ * messages: a list or tuple of Message;
+ * buf: the active segment's mapping, whose byte 0 is commit-log offset `base`;
+ * prepared[i]: (template, body, body_crc, properties_bytes, unique_key) from MessageEncoder;
+ * template.native: (magic, sysflag_bits, born_ip, born_port, store_ip, store_port, topic_part,
+ *                   fixed_size);
+ * commit_log.write_position: where the next record goes, advanced after each record. */
+static PyObject *write_records(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *messages, *prepared, *queue_offsets, *store_host, *results, *result_type, *commit_log;
+    long long base, ready_end, store_timestamp;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "OLLOO!nO!LOO!OO", &buf_obj, &base, &ready_end, &messages,
+                          &PyList_Type, &prepared, &start, &PyDict_Type, &queue_offsets, &store_timestamp,
+                          &store_host, &PyList_Type, &results, &result_type, &commit_log))
+        return NULL;
+    if (!PyList_Check(messages) && !PyTuple_Check(messages)) {
+        PyErr_SetString(PyExc_TypeError, "messages must be a list or a tuple");
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(messages);
+    if (start < 0) start = 0;
+    if (!PyType_Check(result_type) || !PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "result_type is not a tuple type");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(prepared) != count) {
+        PyErr_SetString(PyExc_ValueError, "messages and prepared differ in length");
+        return NULL;
+    }
+    PyObject *position_obj = PyObject_GetAttr(commit_log, str_write_position);
+    if (position_obj == NULL) return NULL;
+    long long offset = PyLong_AsLongLong(position_obj);
+    Py_DECREF(position_obj);
+    if (offset == -1 && PyErr_Occurred()) return NULL;
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_WRITABLE) < 0) return NULL;
+    if (ready_end - base > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "ready_end lies past the end of the mapping");
+        return NULL;
+    }
+
+    Py_ssize_t i = start;
+    for (; i < count; i++) {
+        PyObject *message = PySequence_Fast_GET_ITEM(messages, i);
+        PyObject *prep = PyList_GET_ITEM(prepared, i);
+        if (!PyTuple_Check(prep) || PyTuple_GET_SIZE(prep) != 5) {
+            PyErr_SetString(PyExc_TypeError, "a prepared message is not a 5-tuple");
+            goto error;
+        }
+        PyObject *template = PyTuple_GET_ITEM(prep, 0);
+        PyObject *body = PyTuple_GET_ITEM(prep, 1);
+        PyObject *properties = PyTuple_GET_ITEM(prep, 3);
+        PyObject *unique_key = PyTuple_GET_ITEM(prep, 4);
+        if (!PyBytes_Check(body) || !PyBytes_Check(properties)) {
+            PyErr_SetString(PyExc_TypeError, "a prepared body or properties is not bytes");
+            goto error;
+        }
+        long long body_crc;
+        if (int_item(prep, 2, &body_crc) < 0) goto error;
+
+        PyObject *native = PyObject_GetAttr(template, str_native);
+        if (native == NULL) goto error;
+        if (!PyTuple_Check(native) || PyTuple_GET_SIZE(native) != 8) {
+            Py_DECREF(native);
+            PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
+            goto error;
+        }
+        long long magic, sysflag_bits, born_port, store_port, fixed_size;
+        PyObject *born_ip = PyTuple_GET_ITEM(native, 2), *store_ip = PyTuple_GET_ITEM(native, 4);
+        PyObject *topic_part = PyTuple_GET_ITEM(native, 6);
+        if (int_item(native, 0, &magic) < 0 || int_item(native, 1, &sysflag_bits) < 0 ||
+            int_item(native, 3, &born_port) < 0 || int_item(native, 5, &store_port) < 0 ||
+            int_item(native, 7, &fixed_size) < 0 || !PyBytes_Check(born_ip) || !PyBytes_Check(store_ip) ||
+            !PyBytes_Check(topic_part)) {
+            Py_DECREF(native);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native holds a wrong type");
+            goto error;
+        }
+        Py_ssize_t body_len = PyBytes_GET_SIZE(body), properties_len = PyBytes_GET_SIZE(properties);
+        long long size = fixed_size + body_len + properties_len;
+        if (offset + size > ready_end) {  /* not in warm pages: the Python loop takes it */
+            Py_DECREF(native);
+            break;
+        }
+
+        long long born_timestamp, flag, sysflag, reconsume_times, prepared_offset, queue_id;
+        PyObject *born_obj = PyObject_GetAttr(message, str_born_timestamp);
+        if (born_obj == NULL) { Py_DECREF(native); goto error; }
+        int born_is_none = born_obj == Py_None;
+        Py_DECREF(born_obj);
+        if (born_is_none) born_timestamp = store_timestamp;  /* the producer's time is unknown */
+        else if (int_attr(message, str_born_timestamp, 64, &born_timestamp) < 0) { Py_DECREF(native); goto error; }
+        if (int_attr(message, str_flag, 32, &flag) < 0 || int_attr(message, str_sysflag, 32, &sysflag) < 0 ||
+            int_attr(message, str_reconsume_times, 32, &reconsume_times) < 0 ||
+            int_attr(message, str_prepared_transaction_offset, 64, &prepared_offset) < 0 ||
+            int_attr(message, str_queue_id, 32, &queue_id) < 0 || body_crc < INT32_MIN || body_crc > INT32_MAX) {
+            Py_DECREF(native);
+            if (!PyErr_Occurred()) PyErr_SetString(struct_error, "body CRC out of range");
+            goto error;
+        }
+        long long transaction = sysflag & TRANSACTION_TYPE_MASK;
+        int takes_offset = !transaction || transaction == TRANSACTION_COMMIT;
+
+        PyObject *topic = PyObject_GetAttr(message, str_topic);
+        if (topic == NULL) { Py_DECREF(native); goto error; }
+        PyObject *queue_id_obj = PyObject_GetAttr(message, str_queue_id);
+        if (queue_id_obj == NULL) { Py_DECREF(topic); Py_DECREF(native); goto error; }
+        PyObject *key = PyTuple_Pack(2, topic, queue_id_obj);
+        Py_DECREF(topic);
+        Py_DECREF(queue_id_obj);
+        if (key == NULL) { Py_DECREF(native); goto error; }
+        long long queue_offset = 0;
+        if (takes_offset) {
+            PyObject *current = PyDict_GetItemWithError(queue_offsets, key);  /* borrowed */
+            if (current == NULL && PyErr_Occurred()) { Py_DECREF(key); Py_DECREF(native); goto error; }
+            if (current != NULL) {
+                queue_offset = PyLong_AsLongLong(current);
+                if (queue_offset == -1 && PyErr_Occurred()) { Py_DECREF(key); Py_DECREF(native); goto error; }
+            }
+        }
+
+        unsigned char *p = (unsigned char *)view.buf + (offset - base);
+        p = put32(p, (uint32_t)size);
+        p = put32(p, (uint32_t)magic);
+        p = put32(p, (uint32_t)body_crc);
+        p = put32(p, (uint32_t)queue_id);
+        p = put32(p, (uint32_t)flag);
+        p = put64(p, (uint64_t)queue_offset);
+        p = put64(p, (uint64_t)offset);
+        p = put32(p, (uint32_t)((sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits));
+        p = put64(p, (uint64_t)born_timestamp);
+        memcpy(p, PyBytes_AS_STRING(born_ip), PyBytes_GET_SIZE(born_ip));
+        p = put32(p + PyBytes_GET_SIZE(born_ip), (uint32_t)born_port);
+        p = put64(p, (uint64_t)store_timestamp);
+        memcpy(p, PyBytes_AS_STRING(store_ip), PyBytes_GET_SIZE(store_ip));
+        p = put32(p + PyBytes_GET_SIZE(store_ip), (uint32_t)store_port);
+        p = put32(p, (uint32_t)reconsume_times);
+        p = put64(p, (uint64_t)prepared_offset);
+        p = put32(p, (uint32_t)body_len);
+        memcpy(p, PyBytes_AS_STRING(body), body_len);
+        p += body_len;
+        memcpy(p, PyBytes_AS_STRING(topic_part), PyBytes_GET_SIZE(topic_part));
+        p += PyBytes_GET_SIZE(topic_part);
+        p[0] = (unsigned char)(properties_len >> 8);
+        p[1] = (unsigned char)properties_len;
+        memcpy(p + 2, PyBytes_AS_STRING(properties), properties_len);
+        Py_DECREF(native);
+
+        long long record_offset = offset;
+        offset += size;
+        PyObject *end_obj = PyLong_FromLongLong(offset);
+        if (end_obj == NULL || PyObject_SetAttr(commit_log, str_write_position, end_obj) < 0) {
+            Py_XDECREF(end_obj);
+            Py_DECREF(key);
+            goto error;
+        }
+        Py_DECREF(end_obj);
+        if (takes_offset) {
+            PyObject *next = PyLong_FromLongLong(queue_offset + 1);
+            if (next == NULL || PyDict_SetItem(queue_offsets, key, next) < 0) {
+                Py_XDECREF(next);
+                Py_DECREF(key);
+                goto error;
+            }
+            Py_DECREF(next);
+        }
+        Py_DECREF(key);
+        /* tuple.__new__(PutResult, (fields,)), as NamedTuple._make does: no Python-level __new__ */
+        PyObject *fields = Py_BuildValue("((LLLOLO))", record_offset, size, queue_offset, unique_key,
+                                         store_timestamp, store_host);
+        if (fields == NULL) goto error;
+        PyObject *result = PyTuple_Type.tp_new((PyTypeObject *)result_type, fields, NULL);
+        Py_DECREF(fields);
+        if (result == NULL) goto error;
+        int appended = PyList_Append(results, result);
+        Py_DECREF(result);
+        if (appended < 0) goto error;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(i);
+
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"write_records", write_records, METH_VARARGS,
+     "Write prepared records in place while they fit the warm part of the active segment; "
+     "returns the index of the first message not written."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_append", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__append(void) {
+    PyObject *struct_module = PyImport_ImportModule("struct");
+    if (struct_module == NULL) return NULL;
+    struct_error = PyObject_GetAttrString(struct_module, "error");
+    Py_DECREF(struct_module);
+    if (struct_error == NULL) return NULL;
+    if (!(str_native = PyUnicode_InternFromString("native")) || !(str_topic = PyUnicode_InternFromString("topic")) ||
+        !(str_queue_id = PyUnicode_InternFromString("queue_id")) ||
+        !(str_born_timestamp = PyUnicode_InternFromString("born_timestamp")) ||
+        !(str_flag = PyUnicode_InternFromString("flag")) || !(str_sysflag = PyUnicode_InternFromString("sysflag")) ||
+        !(str_reconsume_times = PyUnicode_InternFromString("reconsume_times")) ||
+        !(str_prepared_transaction_offset = PyUnicode_InternFromString("prepared_transaction_offset")) ||
+        !(str_write_position = PyUnicode_InternFromString("write_position")))
+        return NULL;
+    return PyModule_Create(&module);
+}
