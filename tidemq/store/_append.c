@@ -51,10 +51,17 @@ static int int_attr(PyObject *obj, PyObject *name, int bits, long long *out) {
     PyObject *value = PyObject_GetAttr(obj, name);
     if (value == NULL) return -1;
     int rc = 0;
-    if (!PyLong_Check(value)) {
-        PyErr_Format(struct_error, "required argument is not an integer (%U)", name);
-        rc = -1;
-    } else {
+    if (!PyLong_Check(value)) {  /* any integer-like object, as struct takes it */
+        PyObject *index = PyNumber_Index(value);
+        Py_DECREF(value);
+        if (index == NULL) {
+            PyErr_Clear();
+            PyErr_Format(struct_error, "required argument is not an integer (%U)", name);
+            return -1;
+        }
+        value = index;
+    }
+    {
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
         if (v == -1 && PyErr_Occurred()) rc = -1;
@@ -265,7 +272,182 @@ error:
     return NULL;
 }
 
+/* A numeric attribute that struct's 'i' (32) or 'q' (64) would take: 1 if it fits, 0 if not (or
+ * not an int), -1 on an error getting it.  `none_ok`: None fits too (born_timestamp). */
+static int fits(PyObject *message, PyObject *name, int bits, int none_ok) {
+    PyObject *value = PyObject_GetAttr(message, name);
+    if (value == NULL) return -1;
+    int ok = 0;
+    if (value == Py_None) ok = none_ok;
+    else if (PyLong_Check(value)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(value); return -1; }
+        ok = !overflow && (bits == 64 || (v >= INT32_MIN && v <= INT32_MAX));
+    }
+    Py_DECREF(value);
+    return ok;
+}
+
+/* The common case of MessageEncoder.prepare, for one message: a validated topic, an int queue id
+ * in range, a bytes body within the limit, numeric fields that fit, no properties and no keys, a
+ * tag whose property suffix and a (topic, born host) whose template are cached, a record that fits
+ * a segment.  Returns a new reference to (template, body, body_crc, properties_bytes, unique_key),
+ * Py_None (new reference) when the message is not the common case, NULL on an error. */
+static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long long max_queue_id,
+                                long long max_message_size, PyObject *suffixes, PyObject *templates,
+                                PyObject *uniq_property, PyObject *key_prefix, PyObject *counter,
+                                PyObject *crc32, long long segment_size) {
+    PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *attr = NULL, *key = NULL, *result = NULL;
+    PyObject *unique_key = NULL, *properties_bytes = NULL, *crc = NULL, *count = NULL;
+    int common = 0;
+#define GET(var, name) if ((var = PyObject_GetAttrString(message, name)) == NULL) goto done
+    GET(topic, "topic");
+    if (!PyUnicode_CheckExact(topic)) goto done_common;
+    int known = PySet_Contains(valid_topics, topic);
+    if (known < 0) goto done;
+    if (!known) goto done_common;
+    GET(queue_id, "queue_id");
+    if (!PyLong_CheckExact(queue_id)) goto done_common;
+    int overflow = 0;
+    long long qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
+    if (qid == -1 && PyErr_Occurred()) goto done;
+    if (overflow || qid < 0 || qid > max_queue_id) goto done_common;
+    GET(body, "body");
+    if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > max_message_size) goto done_common;
+    int f;
+    if ((f = fits(message, str_flag, 32, 0)) <= 0 || (f = fits(message, str_sysflag, 32, 0)) <= 0 ||
+        (f = fits(message, str_reconsume_times, 32, 0)) <= 0 ||
+        (f = fits(message, str_prepared_transaction_offset, 64, 0)) <= 0 ||
+        (f = fits(message, str_born_timestamp, 64, 1)) <= 0) {
+        if (f < 0) goto done;
+        goto done_common;
+    }
+    GET(attr, "properties");
+    int truth = PyObject_IsTrue(attr);
+    Py_CLEAR(attr);
+    if (truth < 0) goto done;
+    if (truth) goto done_common;
+    GET(attr, "keys");
+    truth = PyObject_IsTrue(attr);
+    Py_CLEAR(attr);
+    if (truth < 0) goto done;
+    if (truth) goto done_common;
+    GET(attr, "tags");
+    PyObject *suffix = PyDict_GetItemWithError(suffixes, attr);  /* borrowed */
+    Py_CLEAR(attr);
+    if (suffix == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto done_common;
+    }
+    GET(attr, "born_host");
+    key = PyTuple_Pack(2, topic, attr);
+    Py_CLEAR(attr);
+    if (key == NULL) goto done;
+    PyObject *template = PyDict_GetItemWithError(templates, key);  /* borrowed */
+    if (template == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto done_common;
+    }
+    Py_ssize_t prefix_len = PyUnicode_GET_LENGTH(key_prefix);
+    Py_ssize_t properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(suffix);
+    PyObject *native = PyObject_GetAttr(template, str_native);
+    if (native == NULL) goto done;
+    long long fixed_size = PyTuple_Check(native) && PyTuple_GET_SIZE(native) == 8
+                               ? PyLong_AsLongLong(PyTuple_GET_ITEM(native, 7)) : -1;
+    Py_DECREF(native);
+    if (fixed_size < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
+        goto done;
+    }
+    if (properties_len > 32767 || fixed_size + PyBytes_GET_SIZE(body) + properties_len + 8 > segment_size)
+        goto done_common;  /* the Python encoder raises the error */
+
+    /* UNIQ_KEY: the prefix and the next count, masked to 48 bits, as 12 uppercase hex digits */
+    count = PyIter_Next(counter);
+    if (count == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the unique-key counter is exhausted");
+        goto done;
+    }
+    unsigned long long n = PyLong_AsUnsignedLongLongMask(count);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+    n &= 0xFFFFFFFFFFFFULL;
+    const char *prefix = PyUnicode_AsUTF8(key_prefix);
+    if (prefix == NULL) goto done;
+    char text[128];
+    if (prefix_len > 100) {
+        PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
+        goto done;
+    }
+    memcpy(text, prefix, prefix_len);
+    static const char hex[] = "0123456789ABCDEF";
+    for (int k = 11; k >= 0; k--, n >>= 4) text[prefix_len + k] = hex[n & 0xF];
+    unique_key = PyUnicode_FromStringAndSize(text, prefix_len + 12);
+    if (unique_key == NULL) goto done;
+    properties_bytes = PyBytes_FromStringAndSize(NULL, properties_len);
+    if (properties_bytes == NULL) goto done;
+    char *out = PyBytes_AS_STRING(properties_bytes);
+    memcpy(out, PyBytes_AS_STRING(uniq_property), PyBytes_GET_SIZE(uniq_property));
+    out += PyBytes_GET_SIZE(uniq_property);
+    memcpy(out, text, prefix_len + 12);
+    out += prefix_len + 12;
+    memcpy(out, PyBytes_AS_STRING(suffix), PyBytes_GET_SIZE(suffix));
+    crc = PyObject_CallOneArg(crc32, body);
+    if (crc == NULL) goto done;
+    unsigned long long c = PyLong_AsUnsignedLongLongMask(crc);
+    if (c == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+    result = Py_BuildValue("(OOkOO)", template, body, (unsigned long)(c & 0x7FFFFFFFUL), properties_bytes, unique_key);
+    goto done;
+done_common:
+    common = 1;
+done:
+#undef GET
+    Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(attr); Py_XDECREF(key);
+    Py_XDECREF(unique_key); Py_XDECREF(properties_bytes); Py_XDECREF(crc); Py_XDECREF(count);
+    if (common && !PyErr_Occurred()) Py_RETURN_NONE;
+    return result;
+}
+
+/* prepare_messages(messages, prepare, valid_topics, max_queue_id, max_message_size, suffixes,
+ *                  templates, uniq_property, key_prefix, counter, crc32, segment_size) -> list
+ *
+ * MessageEncoder.prepare for each message, in order: the common case here, any other through
+ * `prepare` (the Python method, which validates and raises, fills the caches, and handles
+ * properties and keys).  The caches and the unique-key counter are the encoder's own. */
+static PyObject *prepare_messages(PyObject *self, PyObject *args) {
+    PyObject *messages, *prepare, *valid_topics, *suffixes, *templates, *uniq_property, *key_prefix, *counter, *crc32;
+    long long max_queue_id, max_message_size, segment_size;
+    if (!PyArg_ParseTuple(args, "OOO!LLO!O!SUOOL", &messages, &prepare, &PySet_Type, &valid_topics, &max_queue_id,
+                          &max_message_size, &PyDict_Type, &suffixes, &PyDict_Type, &templates, &uniq_property,
+                          &key_prefix, &counter, &crc32, &segment_size))
+        return NULL;
+    if (!PyList_Check(messages) && !PyTuple_Check(messages)) {
+        PyErr_SetString(PyExc_TypeError, "messages must be a list or a tuple");
+        return NULL;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(messages);
+    PyObject *prepared = PyList_New(count);
+    if (prepared == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *message = PySequence_Fast_GET_ITEM(messages, i);
+        PyObject *one = prepare_common(message, valid_topics, max_queue_id, max_message_size, suffixes, templates,
+                                       uniq_property, key_prefix, counter, crc32, segment_size);
+        if (one == Py_None) {
+            Py_DECREF(one);
+            one = PyObject_CallOneArg(prepare, message);
+        }
+        if (one == NULL) {
+            Py_DECREF(prepared);
+            return NULL;
+        }
+        PyList_SET_ITEM(prepared, i, one);
+    }
+    return prepared;
+}
+
 static PyMethodDef methods[] = {
+    {"prepare_messages", prepare_messages, METH_VARARGS,
+     "MessageEncoder.prepare for each message: the common case compiled, any other through prepare."},
     {"write_records", write_records, METH_VARARGS,
      "Write prepared records in place while they fit the warm part of the active segment; "
      "returns the index of the first message not written."},

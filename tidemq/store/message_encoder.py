@@ -24,6 +24,11 @@ from .errors import InvalidMessageError
 if TYPE_CHECKING:
     from .message_store import Message, StoreConfig
 
+try:  # the compiled common case of `prepare`; without it, `prepare` does every message
+    from ._append import prepare_messages as _prepare_messages
+except ImportError:
+    _prepare_messages = None
+
 _UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
 # The record's numeric fields a message sets, with their widths: FLAG, SYSFLAG, RECONSUMETIMES
 # (i32), PREPAREDTXOFFSET and BORNTIMESTAMP (i64).
@@ -40,12 +45,12 @@ class _UniqueKeys:
             ip = socket.inet_aton(host)
         except OSError:
             ip = b"\x7f\x00\x00\x01"
-        self._prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
-        # next() on a count is atomic under the GIL
-        self._counter = itertools.count((time.time_ns() // 1_000_000 << 8) & 0xFFFFFFFFFFFF)
+        self.prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
+        # next() on a count is atomic under the GIL (the compiled encoder takes from it too)
+        self.counter = itertools.count((time.time_ns() // 1_000_000 << 8) & 0xFFFFFFFFFFFF)
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+        return f"{self.prefix}{next(self.counter) & 0xFFFFFFFFFFFF:012X}"
 
 
 class MessageEncoder:
@@ -80,6 +85,20 @@ class MessageEncoder:
             if not isinstance(value, int) or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
                 return f"{name} {value!r} is not a {bits}-bit signed integer"
         return None
+
+    def prepare_all(self, messages) -> list[tuple]:
+        """`prepare` for each of `messages` (a list or tuple), in order; raises as it does.  The
+        compiled encoder (`_append.prepare_messages`) takes the common case (a known topic and
+        tag, no properties or keys) and hands any other message to `prepare`."""
+        if _prepare_messages is None:
+            prepare = self.prepare
+            return [prepare(m) for m in messages]
+        cfg = self.config
+        unique_keys = self._unique_keys
+        return _prepare_messages(
+            messages, self.prepare, self._valid_topics, cfg.max_queue_id, cfg.max_message_size, self._property_suffixes,
+            self._templates, _UNIQ_KEY_PREFIX, unique_keys.prefix, unique_keys.counter, record.crc32, self.segment_size,
+        )
 
     def prepare(self, message: Message) -> tuple:
         """Validate `message` and build what does not depend on where it lands: (template, body,

@@ -342,8 +342,7 @@ class MessageStore:
     def _append(self, messages) -> tuple[list[PutResult], int]:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        prepare = self._encoder.prepare
-        prepared = [prepare(m) for m in messages]  # raises before anything is stored
+        prepared = self._encoder.prepare_all(messages)  # raises before anything is stored
         results: list[PutResult] = []
         with self._append_lock:
             if self._closed:
