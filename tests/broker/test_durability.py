@@ -25,6 +25,15 @@ def test_each_future_settles_after_an_fsync_covers_it_and_fsyncs_are_shared(tmp_
             assert got is result and store.group_commit.flushed >= end
             settled.append(got)
 
+    requests = []
+    request = store.group_commit.request
+
+    def counted_request(end_offset, listener):
+        requests.append(end_offset)
+        return request(end_offset, listener)
+
+    store.group_commit.request = counted_request
+
     async def scenario():
         durable = DurableFutures(store, asyncio.get_running_loop())
         await asyncio.wait_for(asyncio.gather(*(putter(durable, i) for i in range(32))), 30)
@@ -34,6 +43,8 @@ def test_each_future_settles_after_an_fsync_covers_it_and_fsyncs_are_shared(tmp_
         assert len(settled) == 800
         assert len({r.commit_log_offset for r in settled}) == 800
         assert store.group_commit.fsyncs < 800 / 4  # 32 putters share each fsync
+        # one request stands for every wait until the fsync answers it: not one per send
+        assert len(requests) <= 2 * store.group_commit.fsyncs + 1
         assert store.wait_dispatched()
         assert sum(store.max_offset("d", q) for q in range(4)) == 800
     finally:

@@ -5,7 +5,13 @@ the event loop appends (`MessageStore.put_unflushed`) and awaits a future from `
 flush thread tells this object once per fsync (`flushed`, one `call_soon_threadsafe`), and the loop
 settles every future the fsync covered.  Under async flush the future is settled at once.
 
-Ownership: `_waiting` belongs to the event loop's thread; the flush thread only calls `flushed`.
+One request to the store covers any number of waits: while one is outstanding (asked, and not yet
+answered by a `flushed`), `after` asks nothing more.  That request makes the next fsync happen,
+and an fsync writes the whole log written so far; whatever it did not cover, `_settle` asks for
+again.
+
+Ownership: `_waiting` and `_outstanding` belong to the event loop's thread; the flush thread only
+calls `flushed`.
 """
 
 from __future__ import annotations
@@ -23,16 +29,19 @@ class DurableFutures:
         self.loop = loop
         # (end offset, deadline, future, result), ends ascending: one thread appends, in order
         self._waiting: deque[tuple[int, float, asyncio.Future, object]] = deque()
+        self._outstanding = False  # a request the flush thread has not answered yet
+        self._timeout = store.group_commit.timeout if store.group_commit is not None else 0.0
 
     def after(self, end_offset: int, result: object) -> asyncio.Future:
         """A future that gets `result` once the log is durable up to `end_offset`, or
         FlushTimeoutError after the store's sync-flush timeout or when the store closes first."""
         future = self.loop.create_future()
-        if self._store.await_flush(end_offset, self):
-            future.set_result(result)
-        else:
-            timeout = self._store.group_commit.timeout
-            self._waiting.append((end_offset, time.monotonic() + timeout, future, result))
+        if not self._outstanding:
+            if self._store.await_flush(end_offset, self):
+                future.set_result(result)
+                return future
+            self._outstanding = True
+        self._waiting.append((end_offset, time.monotonic() + self._timeout, future, result))
         return future
 
     def flushed(self, position: int, stopping: bool) -> None:
@@ -43,6 +52,7 @@ class DurableFutures:
             pass
 
     def _settle(self, position: int, stopping: bool) -> None:
+        self._outstanding = False
         waiting = self._waiting
         while waiting and waiting[0][0] <= position:
             _, _, future, result = waiting.popleft()
@@ -54,8 +64,11 @@ class DurableFutures:
             if not future.done():
                 future.set_exception(self._store.group_commit.timeout_error(end_offset))
         # the rest was written while that fsync ran: the next one will tell (or one already did)
-        if waiting and self._store.await_flush(waiting[-1][0], self):
-            for _, _, future, result in waiting:
-                if not future.done():
-                    future.set_result(result)
-            waiting.clear()
+        if waiting:
+            if self._store.await_flush(waiting[-1][0], self):
+                for _, _, future, result in waiting:
+                    if not future.done():
+                        future.set_result(result)
+                waiting.clear()
+            else:
+                self._outstanding = True
