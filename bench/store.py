@@ -9,7 +9,9 @@ too, and ratios compare best with best:
   per call and `put_batch` of 32;
 - the same bytes written with plain sequential file writes (the physical bound here);
 - sync flush with 1, 16 and 64 concurrent putters: threads blocking in `put`, and asyncio tasks
-  awaiting `DurableFutures` (how the broker waits);
+  awaiting `DurableFutures` on the broker's event loop and GIL switch interval (how the broker
+  waits); `--rounds` interleaved runs of each, the best compared (fsync latency here swings by
+  several times from one second to the next);
 - dispatch rate (ConsumeQueue entries/s) re-building the indexes of the log just written, with one
   dispatcher thread and with the store's default worker processes.
 
@@ -29,9 +31,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the checkout instead of this directory, whose grpc.py would shadow the grpc package
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from tidemq.broker.durability import DurableFutures  # noqa: E402
+from tidemq.server import GIL_SWITCH_INTERVAL_S, event_loop_factory  # noqa: E402
 from tidemq.store import Message, MessageStore, StoreConfig  # noqa: E402
 from tidemq.store.commit_log import CommitLog  # noqa: E402
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
@@ -148,7 +152,14 @@ def bench_sync_async(root: Path, putters: int, per_putter: int) -> tuple[float, 
             await asyncio.gather(*(putter(i) for i in range(putters)))
             return time.perf_counter() - start, store.group_commit.fsyncs
 
-    elapsed, fsyncs = asyncio.run(run())
+    loop = event_loop_factory("auto")()  # uvloop when installed, as `tidemq serve`
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    try:
+        elapsed, fsyncs = loop.run_until_complete(run())
+    finally:
+        sys.setswitchinterval(switch_interval)
+        loop.close()
     return elapsed, putters * per_putter, fsyncs
 
 
@@ -166,7 +177,7 @@ def _median(runs: list[tuple], figure: int = 0) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--sync-seconds", type=float, default=3.0, help="rough duration of each sync run")
+    parser.add_argument("--sync-seconds", type=float, default=3.0, help="rough duration of each sync kind, over its --rounds runs")
     parser.add_argument("--rounds", type=int, default=3, help="append runs of each kind; the best is compared")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
@@ -208,19 +219,27 @@ def main() -> None:
                 )
 
         sync = {}
-        for mode, bench in (("threads", bench_sync), ("asyncio", bench_sync_async)):
-            for putters in (1, 16, 64):
-                # size each run to roughly the same wall time from a short probe
-                probe_elapsed, _, _ = bench(root / "probe", putters, 20)
-                shutil.rmtree(root / "probe", ignore_errors=True)
-                per_putter = max(20, int(args.sync_seconds / probe_elapsed * 20))
-                elapsed, n, fsyncs = bench(root / mode, putters, per_putter)
+        kinds = [(mode, bench, putters) for mode, bench in (("threads", bench_sync), ("asyncio", bench_sync_async)) for putters in (1, 16, 64)]
+        sync_runs: dict[tuple[str, int], list] = {(mode, putters): [] for mode, _, putters in kinds}
+        sizes = {}
+        for mode, bench, putters in kinds:
+            # size each run to roughly the same wall time from a short probe
+            probe_elapsed, _, _ = bench(root / "probe", putters, 20)
+            shutil.rmtree(root / "probe", ignore_errors=True)
+            sizes[mode, putters] = max(20, int(args.sync_seconds / args.rounds / probe_elapsed * 20))
+        for _ in range(args.rounds):  # interleaved, so a slow spell of the disk hits every kind alike
+            for mode, bench, putters in kinds:
+                elapsed, n, fsyncs = bench(root / mode, putters, sizes[mode, putters])
                 shutil.rmtree(root / mode, ignore_errors=True)
-                sync[mode, putters] = n / elapsed
-                print(
-                    f"sync flush, {putters:>2} {mode} putter(s): {n / elapsed:>9,.0f} msg/s  "
-                    f"({n} messages, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} per fsync)"
-                )
+                sync_runs[mode, putters].append((n / elapsed, n, fsyncs))
+        for mode, _, putters in kinds:
+            figures = sync_runs[mode, putters]
+            rate, n, fsyncs = _best(figures)
+            sync[mode, putters] = rate
+            print(
+                f"sync flush, {putters:>2} {mode} putter(s): {rate:>9,.0f} msg/s  (median {_median(figures):,.0f}; "
+                f"best run: {n} messages, {fsyncs} fsyncs, {n / max(fsyncs, 1):.1f} per fsync)"
+            )
         print()
         print("targets:")
         r128, r1k = results[128], results[1024]
