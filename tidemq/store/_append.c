@@ -300,6 +300,7 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
                                 PyObject *crc32, long long segment_size) {
     PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *attr = NULL, *key = NULL, *result = NULL;
     PyObject *unique_key = NULL, *properties_bytes = NULL, *crc = NULL, *count = NULL;
+    PyObject *suffix = NULL, *template = NULL;  /* owned here: getting later attributes may run Python */
     int common = 0;
 #define GET(var, name) if ((var = PyObject_GetAttrString(message, name)) == NULL) goto done
     GET(topic, "topic");
@@ -334,21 +335,23 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
     if (truth < 0) goto done;
     if (truth) goto done_common;
     GET(attr, "tags");
-    PyObject *suffix = PyDict_GetItemWithError(suffixes, attr);  /* borrowed */
+    suffix = PyDict_GetItemWithError(suffixes, attr);
     Py_CLEAR(attr);
     if (suffix == NULL) {
         if (PyErr_Occurred()) goto done;
         goto done_common;
     }
+    Py_INCREF(suffix);
     GET(attr, "born_host");
     key = PyTuple_Pack(2, topic, attr);
     Py_CLEAR(attr);
     if (key == NULL) goto done;
-    PyObject *template = PyDict_GetItemWithError(templates, key);  /* borrowed */
+    template = PyDict_GetItemWithError(templates, key);
     if (template == NULL) {
         if (PyErr_Occurred()) goto done;
         goto done_common;
     }
+    Py_INCREF(template);
     Py_ssize_t prefix_len = PyUnicode_GET_LENGTH(key_prefix);
     Py_ssize_t properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(suffix);
     PyObject *native = PyObject_GetAttr(template, str_native);
@@ -404,6 +407,7 @@ done:
 #undef GET
     Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(attr); Py_XDECREF(key);
     Py_XDECREF(unique_key); Py_XDECREF(properties_bytes); Py_XDECREF(crc); Py_XDECREF(count);
+    Py_XDECREF(suffix); Py_XDECREF(template);
     if (common && !PyErr_Occurred()) Py_RETURN_NONE;
     return result;
 }
