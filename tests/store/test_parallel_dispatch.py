@@ -243,6 +243,34 @@ def test_a_new_queue_is_adopted_at_its_first_slot_and_later_files_mapped_when_co
     builder.close()
 
 
+def test_a_new_queue_adopted_in_one_step_equals_one_adopted_and_committed(tmp_path):
+    """`ConsumeQueue.adopted` (the coordinator's step for a new queue starting a file) leaves
+    the queue and its frontier-table row as `adopt_files` + `commit_range` do."""
+    log, _ = build_log(tmp_path / "log", [("new", 0)] * 5)
+    builder = BatchBuilder(str(tmp_path / "cq"), 32, False)
+    units = [(r.commit_log_offset, r.total_size, 0) for r in iter_records(log)]
+    builder._write_slots("new", 0, 32, list(range(32, 37)), units)
+    builder.close()
+    cqs = ConsumeQueueStore(tmp_path / "cq", 32)
+    stepwise = ConsumeQueue(tmp_path / "cq", "new", 0, 32, load=False, table=cqs.frontiers)
+    stepwise.adopt_files(32)
+    assert stepwise.commit_range(32, 37)
+    adopted = ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 32, 37)
+    for cq in (stepwise, adopted):
+        row = cq.row
+        assert (cq.commit_frontier, cq.min_offset, cq.max_offset) == (37, 32, 37)
+        assert (cqs.frontiers.files_end[row], cqs.frontiers.pending[row]) == (64, False)
+        assert cq._files[0]._mm is None  # mapped by its first reader
+        assert [(u.queue_offset, u.commit_log_offset, u.size) for u in cq.read(30, 10)] == [
+            (32 + i, phys, size) for i, (phys, size, _) in enumerate(units)]
+        cq.close()
+    with pytest.raises(ValueError):  # not at the start of a file
+        ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 33, 37)
+    with pytest.raises(ValueError):  # past its first file
+        ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 32, 65)
+    cqs.close()
+
+
 def test_a_new_queue_starting_its_file_is_mapped_by_its_first_reader(tmp_path):
     """Committing a new queue whose first slot starts a file does not map the file (a burst of
     new queues costs the dispatch thread no mapping each); reading maps it, flushing syncs it

@@ -449,6 +449,24 @@ class ConsumeQueue:
             self._add_file(start)  # mapped now: the slots below `first_offset` get the blank
         self._start_at(first_offset)
 
+    @classmethod
+    def adopted(cls, root: Path, topic: str, queue_id: int, units_per_file: int, table: FrontierTable, first_offset: int,
+                end: int) -> "ConsumeQueue":
+        """A new queue whose file starting at `first_offset` parallel-dispatch workers made, its
+        slots [first_offset, end) written and now committed: what `ConsumeQueue(load=False)`,
+        `adopt_files(first_offset)` and `commit_range(first_offset, end)` make, in one step (a
+        batch may bring 10,000 new queues, and the dispatch thread adopts them one by one)."""
+        if first_offset % units_per_file or not first_offset < end <= first_offset + units_per_file:
+            raise ValueError(f"{topic}/{queue_id}: slots [{first_offset}, {end}) are not in one file starting at the first")
+        cq = cls(root, topic, queue_id, units_per_file, load=False, table=table)
+        cq._files.append(_QueueFile(f"{cq._directory}/{file_name(first_offset * UNIT_SIZE)}", first_offset, cq.file_size,
+                                    create=True, lazy=True))
+        cq.min_offset = first_offset
+        row = cq.row
+        table.files_end[row] = first_offset + units_per_file
+        table.frontiers[row] = end
+        return cq
+
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write and commit one unit (sequential dispatch); True if the frontier moved."""
         if not self.write(queue_offset, commit_log_offset, size, tags_code):

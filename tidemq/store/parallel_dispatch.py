@@ -27,11 +27,12 @@ the store's files through their own mappings:
   batch whose walk ended exactly at its cut is committed: each queue's run of slots starts
   at that queue's commit frontier (`ConsumeQueue.commit_range`), so readers and long-polling
   listeners (told only of frontier moves) never see a gap or a reordering; a queue seen for the
-  first time is started there (`ConsumeQueue.adopt_files`), its first slot now known.  Then
-  `dispatched_offset` advances: it is the end of the longest prefix of completely built (units
-  and index entries) batches, which is what the checkpoint records and what recovery restarts
-  from.  A walk that ended short (a damaged record, data not readable yet, or a cut inside a
-  record) stops there: later batches are dropped uncommitted and cut again from there.
+  first time is started there (`ConsumeQueue.adopted`, or `adopt_files`), its first slot now
+  known.  Then `dispatched_offset` advances: it is the end of the longest prefix of completely
+  built (units and index entries) batches, which is what the checkpoint records and what
+  recovery restarts from.  A walk that ended short (a damaged record, data not readable yet, or
+  a cut inside a record) stops there: later batches are dropped uncommitted and cut again from
+  there.
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
@@ -640,12 +641,21 @@ class ParallelDispatcher:
                        code_array[slow_at].tolist(), rows[slow_at].tolist(), first_array[slow_at].tolist(), end_array[slow_at].tolist())
         registered = False
         names = runs.topic_names
+        queues = self.queues.queues
+        root, upf = self.queues.root, self.queues.units_per_file
+        extras = runs.extras
         for i, topic_id, queue_id, code, row, first, end in slow:
             key = (names[topic_id], queue_id)
-            cq = self._queue_at(key, first)
-            extra = runs.extras.get(i)
-            if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
-                changes[key] = cq.commit_frontier
+            if row < 0 and not first % upf and end - first <= upf and key not in queues and i not in extras:
+                # a new queue starting a file, its run in that file (10,000 in one batch of
+                # bench/dispatch.py): made in one step
+                cq = queues[key] = ConsumeQueue.adopted(root, key[0], queue_id, upf, table, first, end)
+                changes[key] = end
+            else:
+                cq = self._queue_at(key, first)
+                extra = extras.get(i)
+                if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
+                    changes[key] = cq.commit_frontier
             if row != cq.row and cq.table is table:
                 self._code_of[code] = cq.row
                 self._row_keys[cq.row] = key
