@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import random
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ from tidemq.store.commit_log import CommitLog
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
-from tidemq.store.batch_builder import CRASH_ENV, BatchBuilder, IndexAppend
+from tidemq.store.batch_builder import CRASH_ENV, BatchBuilder, IndexAppend, UnitsHandover, _Channel, owner_of
 from tidemq.store.parallel_dispatch import ParallelDispatcher
 from trees import same_tree
 
@@ -115,23 +118,36 @@ def test_seed_example_with_range_commits(tmp_path):
 
 
 class ScriptedDispatcher(ParallelDispatcher):
-    """Batches are built by an in-process BatchBuilder, either when submitted or when answered,
-    and answered in an order chosen by `rng`; after every answer the readers' view is checked.
-    With `hold_index`, the builder keeps the index entries as a worker process does, and the
-    head's append request is answered among the other answers, at a random point."""
+    """Batches are built by in-process BatchBuilders, one per worker, each owning its share of
+    the queues, either when submitted or when answered, and answered in an order chosen by
+    `rng`; the units a builder hands over are written by their owner at a random later point,
+    and only then is the batch's answer complete; after every answer the readers' view is
+    checked.  With `hold_index`, the builders keep the index entries as worker processes do, and
+    the head's append request is answered among the other answers, at a random point."""
 
     def __init__(self, *args, rng: random.Random, check, hold_index: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rng = rng
         self.check = check
-        self.builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
-        self.builder.hold_index = hold_index
-        self.builder.first_queue = rng.choice([0.0, 0.3, 0.5])  # where writing starts in a batch's queues
+        self.builders = []
+        for owner in range(self.worker_count):
+            builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
+            builder.hold_index = hold_index
+            builder.owner, builder.owners = owner, self.worker_count
+            self.builders.append(builder)
+        self.built_by: dict[int, BatchBuilder] = {}
         self.pending: list[tuple] = []
+        self.handed_over = 0
 
     def _submit(self, task) -> None:
-        early = self.builder.build(task) if self.rng.random() < 0.5 else None  # written, not answered
+        builder = self.built_by[task.batch_id] = self.rng.choice(self.builders)
+        early = builder.build(task) if self.rng.random() < 0.5 else None  # written, not answered
         self.pending.append((task, early))
+
+    def _forward(self, owner, batch_id, payload) -> bool:
+        self.handed_over += 1
+        self.pending.append((("units", owner, batch_id, payload), None))
+        return True
 
     def _request_append(self, batch_id, path) -> None:
         assert self._appending == batch_id and path == self._current_index_path()
@@ -148,18 +164,30 @@ class ScriptedDispatcher(ParallelDispatcher):
         answers = []
         for task, early in chosen:
             if type(task) is IndexAppend:
-                answers.append(self.builder.append_index(task))
+                answers.append(self.built_by[task.batch_id].append_index(task))
+            elif type(task) is tuple:
+                _, owner, batch_id, payload = task
+                self.builders[owner].write_handover(pickle.loads(payload))
+                built = self._units_written(batch_id, owner)
+                if built is not None:
+                    answers.append(built)
             else:
-                result = early if early is not None else self.builder.build(task)
+                result = early if early is not None else self.built_by[task.batch_id].build(task)
                 if result.index_held:
                     self._holders[result.batch_id] = None
-                answers.append(result)
+                if self._hand_over(result):
+                    answers.append(result)
         return answers
 
     def _complete(self, result, changes):
         total = super()._complete(result, changes)
         self.check()
         return total
+
+    def close(self) -> None:
+        super().close()
+        for builder in self.builders:
+            builder.close()
 
 
 queue_layouts = st.sampled_from(["many", "few", "hot"])
@@ -214,6 +242,8 @@ def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_
     dispatcher.dispatch_until(log.write_position)
     assert dispatcher.dispatched_offset == log.write_position
     assert (dispatcher.worker_appends > 0) == hold_index  # entries appended by the "worker", in order
+    if workers > 1 and layout != "hot":
+        assert dispatcher.handed_over > 0  # queues of another worker's share were in batches
     assert frontiers == assigned  # every committed entry was announced, up to the last
     for cq in expected.values():
         cq.close()
@@ -356,6 +386,47 @@ def test_dispatched_offset_never_passes_an_unfinished_batch(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Queue ownership: each worker writes its share of the queues, the rest is handed over
+
+
+def test_owner_of_is_stable_and_alternates_over_a_topics_queues():
+    assert owner_of("bench", 7, 3) == (zlib.crc32(b"bench") + 7) % 3  # not Python's per-process str hash
+    assert [owner_of("t", q, 2) for q in range(6)] == [(zlib.crc32(b"t") + q) % 2 for q in range(6)]
+    assert {owner_of("t", q, 2) for q in range(2)} == {0, 1}
+    assert owner_of("t", -1, 2) == (zlib.crc32(b"t") + 0xFFFFFFFF) % 2  # the queue id as unsigned
+    assert owner_of("t", 5, 1) == 0
+
+
+@pytest.mark.parametrize("count", [12, 600], ids=["small batch", "large batch"])
+def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, count):
+    """Builder 0 of 2 writes the files of the queues it owns only; the units of the others go,
+    whole, to builder 1, whose writing them completes files equal to the single thread's."""
+    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(count)]
+    log, assigned = build_log(tmp_path / "log", layout, segment_size=1 << 20)
+    sequential_build(log, tmp_path / "sequential", units=64)
+    root = tmp_path / "parallel" / "consumequeue"
+    builders = [BatchBuilder(str(root), 64, False) for _ in range(2)]
+    for owner, builder in enumerate(builders):
+        builder.owner, builder.owners = owner, 2
+    task = ParallelDispatcher(log, ConsumeQueueStore(tmp_path / "unused", 64), None, 0, 2, inline_bytes=0)._cut(log.write_position, 1 << 20)
+    result = builders[0].build(task)
+    assert result.records == count
+    mine = {key for key in assigned if owner_of(*key, 2) == 0}
+    assert mine and mine != set(assigned)
+    assert {(p.parent.name, int(p.name)) for p in root.glob("*/*")} == mine  # no file of another worker's queue
+    # the runs name every queue of the batch, owned or not
+    assert sorted((result.queues.topic_names[t], q) for t, q in zip(result.queues.topic_ids.tolist(), result.queues.queue_ids.tolist())) == sorted(assigned)
+    assert [owner for owner, _ in result.handovers] == [1]
+    handover = pickle.loads(result.handovers[0][1])
+    assert type(handover) is UnitsHandover and handover.batch_id == task.batch_id
+    assert sum(handover.counts.tolist()) == sum(count for key, count in assigned.items() if key not in mine) == len(handover.units) // 20
+    builders[1].write_handover(handover)
+    for builder in builders:
+        builder.close()
+    assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []
+
+
+# ---------------------------------------------------------------------------------------------
 # Real worker processes
 
 
@@ -422,6 +493,75 @@ def test_a_worker_dying_inside_an_index_append_is_undone_and_rebuilt(tmp_path, m
         assert dispatcher.dispatched_offset == log.write_position
         assert dispatcher.workers_restarted == 1 and dispatcher.worker_appends > 0
         assert "died" in caplog.text
+
+
+def _mapped_queues(pid: int) -> set[tuple[str, int]]:
+    """The queues (topic, queue id) whose files process `pid` has mapped (Linux /proc)."""
+    mapped = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if "/consumequeue/" in path:
+            parts = path.split("/")
+            mapped.add((parts[-3], int(parts[-2])))
+    return mapped
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_each_queue_file_is_mapped_by_its_owner_only(tmp_path):
+    layout = [(f"t{i % 3}", (i // 3) % 40) for i in range(3000)]
+    log, assigned = build_log(tmp_path / "log", layout, segment_size=256 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
+        assert dispatcher.dispatch_until(log.write_position) == len(layout)
+        assert dispatcher.worker_batches >= 4 and dispatcher.inline_batches == 0
+        assert dispatcher.handovers_forwarded >= dispatcher.worker_batches  # each batch held queues of both
+        mapped = {worker.number: _mapped_queues(worker.pid) for worker in dispatcher._workers}
+        assert sorted(mapped) == [0, 1]
+        for number, queues in mapped.items():
+            # every queue of its share (each batch held all 120), none of the other's
+            assert queues == {key for key in assigned if owner_of(*key, 2) == number}
+
+
+def test_a_worker_dying_while_writing_units_handed_over_gets_them_written_by_its_replacement(tmp_path, monkeypatch, caplog):
+    # the first worker given units to write dies halfway through writing them: its replacement
+    # (owner of the same queues) is given them again, and the head batch waits for them
+    monkeypatch.setenv(CRASH_ENV, f"handover:{tmp_path / 'crashed'}")
+    layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
+        dispatcher.dispatch_until(log.write_position)
+        assert (tmp_path / "crashed").exists()
+        assert dispatcher.dispatched_offset == log.write_position
+        assert dispatcher.workers_restarted == 1 and dispatcher.inline_batches == 0
+        assert "died" in caplog.text
+        assert all(not worker.handovers for worker in dispatcher._workers)
+
+
+def test_a_worker_never_blocks_on_a_full_pipe_while_its_coordinator_does(tmp_path):
+    """Both pipes full at once (the coordinator forwarding units while the worker answers):
+    the worker's send takes in what comes while it waits for room, so both complete."""
+    to_worker_r, to_worker_w = os.pipe()
+    from_worker_r, from_worker_w = os.pipe()
+    worker = _Channel(to_worker_r, from_worker_w)
+    coordinator = _Channel(from_worker_r, to_worker_w)
+    os.set_blocking(from_worker_w, False)
+    big = b"u" * (4 << 20)  # far more than a pipe holds
+    received = []
+    sent = threading.Event()
+
+    def coordinate() -> None:
+        coordinator.send(("handover", big))  # blocks until the worker has read it
+        sent.set()
+        received.append(coordinator.recv())
+
+    thread = threading.Thread(target=coordinate, daemon=True)
+    thread.start()
+    kept = []
+    worker.send_reading(("answer", big), kept.append)
+    thread.join(30)
+    assert sent.is_set() and received == [("answer", big)]
+    assert kept == [("handover", big)]
+    worker.close()
+    coordinator.close()
 
 
 def test_store_with_workers_serves_every_queue_in_order(tmp_path):

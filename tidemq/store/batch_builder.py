@@ -3,17 +3,33 @@ built into ConsumeQueue units at their slots, and key-index entries, by `BatchBu
 worker process's loop (`_worker_main`, started as `python -m tidemq.store.dispatch_worker`); the
 pipes a worker and its coordinator talk over (`_Channel`).
 
+Queue ownership: with N workers, worker k writes the units of the queues it owns, those for which
+`owner_of(topic, queue id, N)` is k (a CRC-32 of the topic name plus the queue id, modulo N: the
+same in every process).  Building a batch, a worker writes the units of its own queues and packs
+those of each other worker's queues into a `UnitsHandover` (per queue its first slot and count,
+the 20-byte units back to back), which travels pickled inside the `BatchResult`; the coordinator
+forwards it unopened to the owner, who writes the units and answers `UnitsWritten`.  So every
+queue file is opened, extended and mapped by one worker only.  The run of slots of every queue of
+the batch, its own or not, is in the `BatchResult` (`QueueRuns`).  A builder with one owner (the
+coordinator's inline builder) writes every queue itself.
+
 In a worker process the key-index entries of a batch stay in the worker (`hold_index`): when the
 batch reaches the head, the coordinator asks that worker to append them (`IndexAppend`) to the
 newest index file, which the worker maps too, and waits for the answer (`IndexAppended`) before
 the next batch's entries are appended, so appends happen one at a time in log order and the files
-are those the single thread writes.  A worker answers append requests before it builds the next
-batch it was sent.
+are those the single thread writes.  A worker answers append requests, and writes handed-over
+units, before it builds the next batch it was sent (and between decoding a batch and writing it).
+
+Pipes: a worker's answers can be large (a batch of 10,000 queues: 250 KB of runs, as much again
+handed over), and so can what the coordinator forwards to it.  The coordinator's sends block; a
+worker's never block without reading: while its answer does not fit in the pipe, it takes in what
+the coordinator sends (`_Channel.send_reading`), so that neither waits for the other forever.
 
 Ownership: each worker process has its own `BatchBuilder`, its own mappings of the segments and
-queue files; workers write disjoint 20-byte slots and create queue files with O_CREAT +
-ftruncate to the common size (idempotent).  At most one worker appends to the key index at a
-time, when the coordinator says so; only the coordinator creates index files.
+of the files of the queues it owns; workers write disjoint 20-byte slots and create queue files
+with O_CREAT + ftruncate to the common size (idempotent: the coordinator's inline builder and its
+ConsumeQueues open the same files).  At most one worker appends to the key index at a time, when
+the coordinator says so; only the coordinator creates index files.
 """
 
 from __future__ import annotations
@@ -21,14 +37,19 @@ from __future__ import annotations
 import mmap
 import multiprocessing.connection
 import os
+import pickle
+import select
+import struct
+import zlib
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import open_files, record
-from .consume_queue import UNIT, UNIT_SIZE, file_name, map_queue_file
+from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
 from .dispatch import QueueKey, group_by_queue
 from .index_file import HEADER, IndexFile
 from .scan import scan
@@ -84,6 +105,41 @@ class BatchResult:
     index_phys: np.ndarray
     index_timestamps: np.ndarray
     index_held: int = 0  # entries the worker keeps for an IndexAppend (the arrays are then empty)
+    # (owner, pickled UnitsHandover) for each other worker owning queues of the batch
+    handovers: Sequence[tuple[int, bytes]] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class UnitsHandover:
+    """Builder -> coordinator -> owner: the units of batch `batch_id` for queues the owner owns.
+    Queue i (`topic_names[topic_ids[i]]`, `queue_ids[i]`) has `counts[i]` units, back to back in
+    `units` (20 bytes each, in the queues' order), at slots `firsts[i]` onwards, or, when `slots`
+    is set (some queue's slots in the batch are not one run), at the slots it lists, one per unit."""
+
+    batch_id: int
+    topic_names: list[str]
+    topic_ids: np.ndarray
+    queue_ids: np.ndarray
+    firsts: np.ndarray
+    counts: np.ndarray
+    slots: np.ndarray | None
+    units: bytes
+
+
+@dataclass(slots=True, frozen=True)
+class UnitsWritten:
+    """Owner -> coordinator: the units batch `batch_id` handed over are written (or could not be:
+    `error`)."""
+
+    batch_id: int
+    error: str | None = None
+
+
+def owner_of(topic: str, queue_id: int, owners: int) -> int:
+    """The worker (0 to `owners` - 1) that writes the queue's units: CRC-32 of the topic name plus
+    the queue id (as unsigned), modulo `owners`: the same in every process and every run (Python's
+    str hash is not), and the consecutive queue ids of a topic alternate between workers."""
+    return (zlib.crc32(topic.encode()) + (queue_id & 0xFFFFFFFF)) % owners
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +166,21 @@ class IndexAppended:
     last_timestamp: int
     error: str | None = None
 
+
+
+def _first_run(slots: list[int]) -> tuple[int, list[int] | None]:
+    """A queue's slots in a batch, in log order, as a run from the first slot (its length) and
+    the slots after it that do not continue it (None when all do)."""
+    run_next = slots[0]
+    extra = None
+    for slot in slots:
+        if slot == run_next and extra is None:
+            run_next = slot + 1
+        else:
+            if extra is None:
+                extra = []
+            extra.append(slot)
+    return run_next - slots[0], extra
 
 
 class BatchBuilder:
@@ -140,10 +211,12 @@ class BatchBuilder:
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
         self.hold_index = False  # keep each batch's index entries for `append_index`
         self.between_steps = None  # called between decoding a batch and writing it (a worker answers appends there)
-        # where in a batch's queues (ordered by topic, queue id) writing starts, as a fraction,
-        # wrapping round: workers given different ones do not create the same queues' files at
-        # the same time (creators of files in one directory wait for each other on its lock)
-        self.first_queue = 0.0
+        # this builder writes the units of the queues `owner_of(..., owners)` gives it, and hands
+        # the others over (`UnitsHandover`); one owner: every queue is its own
+        self.owner = 0
+        self.owners = 1
+        self._topic_crcs: dict[str, int] = {}
+        self.exit_in_handover = False  # fault injection: die halfway through writing the first units handed over
         self._held: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._index_files: dict[str, IndexFile] = {}
 
@@ -187,7 +260,7 @@ class BatchBuilder:
             os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
         if self.between_steps is not None:
             self.between_steps()
-        queues = self._write_units(columns) if len(columns) else QueueRuns.empty()
+        queues, handovers = self._write_units(columns, task.batch_id) if len(columns) else (QueueRuns.empty(), [])
         if self.index_enabled:
             hashes, phys, times = columns.index_keys()
         else:
@@ -211,6 +284,7 @@ class BatchBuilder:
             index_phys=phys,
             index_timestamps=times,
             index_held=held,
+            handovers=handovers,
         )
 
     def append_index(self, request: IndexAppend) -> IndexAppended:
@@ -257,47 +331,83 @@ class BatchBuilder:
             index = self._index_files[path] = IndexFile(path, 0, 0, create=False)
         return index
 
-    def _write_units(self, columns) -> QueueRuns:
-        """Write every queue entry of `columns` at its slot; returns, per queue, the slots
-        written."""
+    def _owners_of(self, names: list[str], topic_ids: np.ndarray, queue_ids: np.ndarray) -> np.ndarray:
+        """`owner_of` for each queue (`names[topic_ids[i]]`, `queue_ids[i]`)."""
+        crcs = self._topic_crcs
+        for name in names:
+            if name not in crcs:
+                crcs[name] = zlib.crc32(name.encode())
+        topic_crcs = np.array([crcs[name] for name in names], dtype=np.int64)
+        return (topic_crcs[topic_ids] + (queue_ids.astype(np.int64) & 0xFFFFFFFF)) % self.owners
+
+    def _write_units(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
+        """Write the queue entries of `columns` for the queues this builder owns, each at its
+        slot; returns, per queue (owned or not), the slots of the batch, and the units handed
+        over to each other owner."""
         if len(columns) <= SMALL_BATCH:
-            return self._write_units_small(columns)
+            return self._write_units_small(columns, batch_id)
         kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
         rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
         if not len(rows):
-            return QueueRuns.empty()
+            return QueueRuns.empty(), []
         rows, bounds, slots, units = group_by_queue(columns, rows)
         starts = np.array([0] + bounds, dtype=np.int64)
         stops = np.array(bounds + [len(rows)], dtype=np.int64)
         # a group is one contiguous run when no slot inside it breaks the +1 sequence
         breaks = np.zeros(len(rows), dtype=np.int64)
         breaks[1:] = np.cumsum(slots[1:] != slots[:-1] + 1)
-        contiguous = (breaks[stops - 1] == breaks[starts]).tolist()
-        unit_bytes = memoryview(units.tobytes())
-        first_slots = slots[starts].tolist()
+        contiguous = breaks[stops - 1] == breaks[starts]
         names = columns.topic_names
         group_topic_ids = columns.topic_ids[rows[starts]]
         group_queue_ids = columns.queue_ids[rows[starts]]
-        runs = QueueRuns(names, group_topic_ids, group_queue_ids, slots[starts], stops - starts, {})
+        firsts = slots[starts]
+        runs = QueueRuns(names, group_topic_ids, group_queue_ids, firsts, stops - starts, {})
+        for group in np.flatnonzero(~contiguous).tolist():
+            count, extra = _first_run(slots[starts[group] : stops[group]].tolist())
+            runs.counts[group] = count
+            runs.extras[group] = extra
+        handovers = []
+        if self.owners > 1:
+            group_owners = self._owners_of(names, group_topic_ids, group_queue_ids)
+            row_owners = np.repeat(group_owners, stops - starts)
+            for owner in range(self.owners):
+                if owner == self.owner:
+                    continue
+                picked = np.flatnonzero(group_owners == owner)
+                if not len(picked):
+                    continue
+                picked_rows = row_owners == owner
+                handover = UnitsHandover(
+                    batch_id, names, group_topic_ids[picked], group_queue_ids[picked], firsts[picked], (stops - starts)[picked],
+                    None if contiguous[picked].all() else slots[picked_rows], units[picked_rows].tobytes(),
+                )
+                handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
+            own = np.flatnonzero(group_owners == self.owner)
+            if not len(own):
+                return runs, handovers
+            own_groups = list(zip(starts[own].tolist(), stops[own].tolist(), firsts[own].tolist(), contiguous[own].tolist(),
+                                  group_topic_ids[own].tolist(), group_queue_ids[own].tolist()))
+        else:
+            own_groups = list(zip(starts.tolist(), stops.tolist(), firsts.tolist(), contiguous.tolist(), group_topic_ids.tolist(),
+                                  group_queue_ids.tolist()))
+        self._write_groups(names, self._rotated(own_groups), slots, units, memoryview(units.tobytes()))
+        return runs, handovers
+
+    def _write_groups(self, names: list[str], groups, slots: np.ndarray | None, units: np.ndarray, unit_bytes: memoryview) -> None:
+        """Write queues' units: `groups` yields (start, stop, first slot, contiguous, topic id,
+        queue id), the queue's units being units[start:stop]; a contiguous group's go to the
+        slots from its first on, one copy per queue file, the others' one at a time to the slots
+        slots[start:stop] name."""
         files = self._files
         upf_of = self._units_per_file
         default_upf = self.default_units_per_file
         crash_test = self.exit_after_units
-        groups = list(enumerate(zip(
-            starts.tolist(), stops.tolist(), first_slots, contiguous, group_topic_ids.tolist(), group_queue_ids.tolist()
-        )))
-        if self.first_queue:
-            turn = int(len(groups) * self.first_queue)
-            groups = groups[turn:] + groups[:turn]
-        for group, (start, stop, first, whole, tid, queue_id) in groups:
+        for start, stop, first, whole, tid, queue_id in groups:
             topic = names[tid]
-            key = (topic, queue_id)
-            upf = upf_of.get(key, default_upf)
+            upf = upf_of.get((topic, queue_id), default_upf)
             if crash_test or not whole:
-                run_count, extra = self._write_slots(topic, queue_id, upf, slots[start:stop].tolist(), units[start:stop].tolist())
-                runs.counts[group] = run_count
-                if extra is not None:
-                    runs.extras[group] = extra
+                group_slots = slots[start:stop].tolist() if slots is not None else list(range(first, first + stop - start))
+                self._write_slots(topic, queue_id, upf, group_slots, units[start:stop].tolist())
                 continue
             count = stop - start
             file_start = first - first % upf
@@ -319,9 +429,8 @@ class BatchBuilder:
                     pos = (slot - file_start) * UNIT_SIZE
                     qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
                     done += n
-        return runs
 
-    def _write_units_small(self, columns) -> QueueRuns:
+    def _write_units_small(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
         """`_write_units` for a few records (NumPy's fixed cost would dominate): one unit at a
         time, the queues in the same order."""
         groups: dict[int, tuple[int, int, list[int], list[tuple[int, int, int]]]] = {}
@@ -336,31 +445,67 @@ class BatchBuilder:
                 slots.append(slot)
                 units.append(unit)
         if not groups:
-            return QueueRuns.empty()
+            return QueueRuns.empty(), []
         names = columns.topic_names
         topic_ids, queue_ids, firsts, counts, extras = [], [], [], [], {}
+        handed: dict[int, list[tuple[int, int, list[int], list[tuple[int, int, int]]]]] = {}
         for group, code in enumerate(sorted(groups)):
             topic_id, queue_id, slots, units = groups[code]
             key = (names[topic_id], queue_id)
-            upf = self._units_per_file.get(key, self.default_units_per_file)
-            count, extra = self._write_slots(key[0], queue_id, upf, slots, units)
+            count, extra = _first_run(slots)
+            owner = owner_of(key[0], queue_id, self.owners) if self.owners > 1 else self.owner
+            if owner == self.owner:
+                upf = self._units_per_file.get(key, self.default_units_per_file)
+                self._write_slots(key[0], queue_id, upf, slots, units)
+            else:
+                handed.setdefault(owner, []).append(groups[code])
             topic_ids.append(topic_id)
             queue_ids.append(queue_id)
             firsts.append(slots[0])
             counts.append(count)
             if extra is not None:
                 extras[group] = extra
-        return QueueRuns(names, np.array(topic_ids, np.int32), np.array(queue_ids, np.int32), np.array(firsts, np.int64),
+        runs = QueueRuns(names, np.array(topic_ids, np.int32), np.array(queue_ids, np.int32), np.array(firsts, np.int64),
                          np.array(counts, np.int64), extras)
+        handovers = []
+        for owner, queues in sorted(handed.items()):
+            all_slots = [slot for _, _, slots, _ in queues for slot in slots]
+            handover = UnitsHandover(
+                batch_id, names, np.array([q[0] for q in queues], np.int32), np.array([q[1] for q in queues], np.int32),
+                np.array([q[2][0] for q in queues], np.int64), np.array([len(q[2]) for q in queues], np.int64),
+                np.array(all_slots, np.int64), np.array([u for q in queues for u in q[3]], dtype=UNIT_DTYPE).tobytes(),
+            )
+            handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
+        return runs, handovers
 
-    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: list[tuple[int, int, int]]) -> tuple[int, list[int] | None]:
+    def write_handover(self, handover: UnitsHandover) -> None:
+        """Write the units another builder handed over (of queues this one owns)."""
+        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
+            os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
+        units = np.frombuffer(handover.units, dtype=UNIT_DTYPE)
+        counts = handover.counts.tolist()
+        stops = np.cumsum(counts).tolist()
+        starts = [0] + stops[:-1]
+        whole = [handover.slots is None] * len(counts)
+        groups = list(zip(starts, stops, handover.firsts.tolist(), whole, handover.topic_ids.tolist(), handover.queue_ids.tolist()))
+        if self.exit_in_handover:
+            self._write_groups(handover.topic_names, groups[: len(groups) // 2 + 1], handover.slots, units, memoryview(handover.units))
+            os._exit(CRASH_EXIT_CODE)  # a worker killed while writing units handed over (tests only)
+        self._write_groups(handover.topic_names, self._rotated(groups), handover.slots, units, memoryview(handover.units))
+
+    def _rotated(self, groups: list) -> list:
+        """`groups` (ordered by topic, then queue id) started `owner / owners` of the way through
+        and wrapped round: workers meeting new queues of the same topics at the same time create
+        them in different topics' directories (creating a queue's directory holds its topic
+        directory's lock: two workers creating in one topic wait for each other)."""
+        turn = len(groups) * self.owner // self.owners
+        return groups[turn:] + groups[:turn] if turn else groups
+
+    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: list[tuple[int, int, int]]) -> None:
         """One unit at a time, for a queue whose slots in the batch are not one contiguous run
         (or a small batch): `units` are (commit-log offset, size, tags code)."""
         files = self._files
         unit_pack = UNIT.pack_into
-        run_first = slots[0]
-        run_next = run_first
-        extra = None
         for slot, unit in zip(slots, units):
             file_start = slot - slot % upf
             qmm = files.get((topic, queue_id, file_start))
@@ -371,13 +516,6 @@ class BatchBuilder:
                 self.exit_after_units -= 1
                 if not self.exit_after_units:
                     os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
-            if slot == run_next and extra is None:
-                run_next = slot + 1
-            else:
-                if extra is None:
-                    extra = []
-                extra.append(slot)
-        return run_next - run_first, extra
 
     def close_queue_files(self) -> None:
         for mm in self._files.values():
@@ -395,12 +533,14 @@ class BatchBuilder:
         self._held.clear()
 
 
-def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, index_enabled: bool, first_queue: float = 0.0) -> None:
-    """A worker process: take the sizes of the queues whose files are not of the default size
-    (the first message), then build each task it receives and send back the result, keeping the
-    index entries until asked to append them; None stops it.  Messages already sent are read
-    before each build and between its decoding and its writing, and append requests among them
-    are answered at once: the coordinator waits for them, the builds can wait."""
+def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_file: int, index_enabled: bool, owner: int = 0,
+                 owners: int = 1) -> None:
+    """A worker process, worker `owner` of `owners`: take the sizes of the queues whose files are
+    not of the default size (the first message), then build each task it receives and send back
+    the result, keeping the index entries until asked to append them; write the units other
+    workers hand over; None stops it.  Messages already sent are read before each build and
+    between its decoding and its writing, and append requests and handed-over units among them
+    are dealt with at once: the coordinator waits for them, the builds can wait."""
     open_files.raise_limit()  # the more queue files stay mapped between batches, the better
     try:
         units_per_file = conn.recv()
@@ -410,52 +550,84 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
     builder.coordinator_pid = os.getppid()
     builder.max_queue_files = open_files.mapping_budget(share=1.0)  # its only cache of mappings
     builder.hold_index = True
-    builder.first_queue = first_queue
+    builder.owner = owner
+    builder.owners = owners
     # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
     # dies after writing N units of its first batch; "N:" without a marker: every worker does;
     # "append:MARKER": the first worker to create MARKER dies in its first index append to a file
-    # holding entries already
+    # holding entries already; "handover:MARKER": the first worker to create MARKER dies halfway
+    # through writing the first units handed over to it
     crash = os.environ.get(CRASH_ENV)
+    handover_marker = None  # taken when the first handover comes: only a worker given one may take it
     if crash:
         count, _, marker = crash.partition(":")
-        try:
-            if marker:
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            if count == "append":
-                builder.exit_in_append = True
-            else:
-                builder.exit_after_units = int(count)
-        except FileExistsError:
-            pass
+        if count == "handover":
+            handover_marker = marker
+        else:
+            try:
+                if marker:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                if count == "append":
+                    builder.exit_in_append = True
+                else:
+                    builder.exit_after_units = int(count)
+            except FileExistsError:
+                pass
     tasks: deque[BatchTask] = deque()
+    received: deque = deque()  # messages read while an answer waited for room in the pipe
     stopping = False
+
+    def send(answer) -> None:
+        conn.send_reading(answer, received.append)
+
+    def write_handover(handover: UnitsHandover) -> None:
+        nonlocal handover_marker
+        if handover_marker:
+            try:
+                os.close(os.open(handover_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                builder.exit_in_handover = True
+            except FileExistsError:
+                pass
+            handover_marker = None
+        try:
+            builder.write_handover(handover)
+            answer = UnitsWritten(handover.batch_id)
+        except Exception as exc:  # an I/O error: the coordinator writes them itself
+            answer = UnitsWritten(handover.batch_id, f"worker failed: {exc!r}")
+        send(answer)
 
     def read(block: bool) -> None:
         """Take the messages sent so far (waiting for one if `block`): answer append requests
-        at once, queue tasks."""
+        and write handed-over units at once, queue tasks."""
         nonlocal stopping
-        while not stopping and (block or conn.poll()):
+        while not stopping and (block or received or conn.poll()):
             block = False
-            try:
-                message = conn.recv()
-            except EOFError:
-                message = None
+            if received:
+                message = received.popleft()
+            else:
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    message = None
             if message is None:
                 stopping = True
             elif message == "ping":
-                conn.send("pong")
+                send("pong")
+            elif type(message) is UnitsHandover:
+                write_handover(message)
             elif type(message) is IndexAppend:
                 try:
                     answer = builder.append_index(message)
                 except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
                     answer = IndexAppended(message.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
                     builder.forget_index_files()  # the coordinator may cut back and remake them
-                conn.send(answer)
+                send(answer)
             else:
                 tasks.append(message)
 
     # the head's append is answered between two steps of a build too: the coordinator waits for it
     builder.between_steps = lambda: read(False)
+    os.set_blocking(conn.writer.fileno(), False)  # see _Channel.send_reading
     try:
         while True:
             read(not tasks)
@@ -469,9 +641,14 @@ def _worker_main(conn, consume_queue_root: str, default_units_per_file: int, ind
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
                 result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
                                      np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
-            conn.send(result)
+            send(result)
+    except EOFError:
+        return  # the coordinator is gone
     finally:
         builder.close()
+
+
+_LENGTH = struct.Struct("!i")  # multiprocessing.connection's message header
 
 
 class _Channel:
@@ -485,6 +662,27 @@ class _Channel:
 
     def send(self, obj) -> None:
         self.writer.send(obj)
+
+    def send_bytes(self, message: bytes) -> None:
+        """Send a message pickled already (`recv` on the other end unpickles it)."""
+        self.writer.send_bytes(message)
+
+    def send_reading(self, obj, keep) -> None:
+        """Send `obj` through a non-blocking writer without ever waiting only for room: while
+        the pipe is full, receive the messages coming the other way and give them to `keep`.
+        (The coordinator may be blocked sending to this end, not reading its answers.)  Framed
+        as `Connection.send` frames it."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        fd = self.writer.fileno()
+        for chunk in (_LENGTH.pack(len(data)), data):
+            view = memoryview(chunk)
+            while view:
+                try:
+                    view = view[os.write(fd, view) :]
+                except BlockingIOError:
+                    readable, _, _ = select.select([self.reader], [fd], [])
+                    if readable:
+                        keep(self.reader.recv())  # EOFError: the coordinator is gone
 
     def recv(self):
         return self.reader.recv()

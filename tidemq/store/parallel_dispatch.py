@@ -9,42 +9,60 @@ the store's files through their own mappings:
   the first record header past the target size that names its own position (magic code and
   PHYSICALOFFSET), or at the limit.  Such a header is only a candidate boundary (a body could
   hold those bytes); the worker's walk over the batch confirms it.
+- **Queue ownership**: with N workers, worker k owns the queues `batch_builder.owner_of` gives
+  k (CRC-32 of the topic name plus the queue id, modulo N; a worker's replacement owns the
+  same).  Only a queue's owner opens, extends and maps its files, so a queue file is mapped by
+  one worker, not by every worker whose batches touch it.
 - A worker (`batch_builder.BatchBuilder`) maps the commit-log segment read-only, decodes the
-  batch with the columnar decoder (`scan`), and writes each ConsumeQueue unit **at its slot**
-  (queue offsets were assigned at append time) through its own mapping of the queue file,
-  creating files as needed: a queue's contiguous run of slots in the batch is one copy of a unit
-  array.  Worker k of N starts on a batch's queues k/N of the way through them, so that two
-  workers meeting the same new queues create different ones at a time instead of waiting for
-  each other on the same directories.  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
-  store time) and keeps them.  It answers with, per queue, the slots it wrote, how many index
-  entries it holds, and where its walk ended (past the blank if one closes the segment).
-- Answers arrive in any order; the coordinator processes them strictly in batch order.  At the
-  head, the worker that built the batch is asked to append its index entries to the newest index
-  file (`IndexAppend`; it answers append requests before its next build), and nothing else is
-  appended until it answers: one append at a time, in log order, so the index files are those
-  the single thread writes, while the coordinator itself does no per-entry work.  When a file
-  fills, the coordinator creates the next (it alone creates index files) and asks again.  Then a
-  batch whose walk ended exactly at its cut is committed: each queue's run of slots starts
-  at that queue's commit frontier (`ConsumeQueue.commit_range`), so readers and long-polling
-  listeners (told only of frontier moves) never see a gap or a reordering; a queue seen for the
-  first time is started there (`ConsumeQueue.adopted`, or `adopt_files`), its first slot now
-  known.  Then `dispatched_offset` advances: it is the end of the longest prefix of completely
-  built (units and index entries) batches, which is what the checkpoint records and what
-  recovery restarts from.  A walk that ended short (a damaged record, data not readable yet, or
-  a cut inside a record) stops there: later batches are dropped uncommitted and cut again from
-  there.
+  batch with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it
+  owns **at their slots** (queue offsets were assigned at append time) through its own mapping
+  of each queue file, creating files as needed: a queue's contiguous run of slots in the batch
+  is one copy of a unit array.  Worker k of N starts on its queues of a batch k/N of the way
+  through them (ordered by topic), so that two workers meeting new queues at the same time
+  create them in different topics' directories instead of waiting for each other on one.  The
+  units of the queues other workers own it packs, per owner, into a `UnitsHandover` (per queue
+  its first slot and count, the units back to back).  For the key index it computes the entries
+  (hash of `topic#key`, commit-log offset, store time) and keeps them.  It answers with, per
+  queue of the batch (its own and the others'), the slots of the batch, how many index entries
+  it holds, where its walk ended (past the blank if one closes the segment), and the handovers,
+  pickled.
+- The coordinator forwards each handover, unopened, to its owner (`_hand_over`), who writes the
+  units (before its next build, or between decoding a batch and writing it) and answers
+  `UnitsWritten`.  A batch's answer is complete when its builder has answered and every owner it
+  handed units to has written them; until then it waits (`_built`).
+- Complete answers arrive in any order; the coordinator processes them strictly in batch order.
+  At the head, the worker that built the batch is asked to append its index entries to the
+  newest index file (`IndexAppend`; it answers append requests before its next build), and
+  nothing else is appended until it answers: one append at a time, in log order, so the index
+  files are those the single thread writes, while the coordinator itself does no per-entry
+  work.  When a file fills, the coordinator creates the next (it alone creates index files) and
+  asks again.  Then a batch whose walk ended exactly at its cut is committed: each queue's run of
+  slots starts at that queue's commit frontier (`ConsumeQueue.commit_range`), so readers and
+  long-polling listeners (told only of frontier moves) never see a gap or a reordering; a queue
+  seen for the first time is started there (`ConsumeQueue.adopted` or `adopt_files`), its first
+  slot now known.  Then `dispatched_offset` advances: it is the end of the longest prefix of
+  completely built (units, handed-over units and index entries) batches, which is what the
+  checkpoint records and what recovery restarts from.  A walk that ended short (a damaged
+  record, data not readable yet, or a cut inside a record) stops there: later batches are
+  dropped uncommitted and cut again from there.
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
-the same `BatchBuilder`, so an idle store starts no process and a trickle pays no IPC.  Workers
-start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker`: the threaded
-store process is never forked) and are replaced if one dies; its batches are built again, which
-rewrites the same bytes, and so are the batches whose index entries it held; if it died while
-appending, the index is first cut back to the batch's first record (`KeyIndex.truncate`, which
-also clears entries written past the header's count).  A worker whose coordinator died stops
-before writing a batch or appending to the index.
+the same `BatchBuilder`, owning every queue, so an idle store starts no process and a trickle pays
+no IPC.  Workers start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker`:
+the threaded store process is never forked) and are replaced if one dies: its replacement (same
+number, same queues) is sent the units handed over to it and not yet written, then its unanswered
+batches, which are built again (rewriting the same bytes); so are the batches whose index entries
+it held (only the first answer's handovers of a batch are forwarded: a second build hands over the
+same units); if it died while appending, the index is first cut back to the batch's first record
+(`KeyIndex.truncate`, which also clears entries written past the header's count).  When workers
+die too often, the coordinator builds every batch itself and writes the units handed over to a
+worker it gave up.  A worker whose coordinator died stops before writing a batch, handed-over
+units, or to the index.
 
 Batches are backlog / (4 × workers), between 64 KiB and `batch_bytes`, with up to 3 × workers
-outstanding, so that one slow batch does not leave the other workers idle.
+outstanding, so that one slow batch does not leave the other workers idle.  Both pipes of a worker
+hold 1 MB; the coordinator's sends block, a worker's never do without reading what comes in (see
+batch_builder), so the two never wait for each other for ever.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
 (which runs the sequential `Dispatcher`) restarts at or below the oldest unfinished batch even when
@@ -52,12 +70,15 @@ later batches are written: the queues' furthest entry, `ConsumeQueueStore.covere
 trusted after a clean shutdown, when every batch is finished.  Units written past a queue's first
 unwritten slot are zeroed when the queue is loaded, so they are never taken for entries.
 
-Ownership: one coordinator thread calls `dispatch_until`; workers write disjoint 20-byte slots and
-create queue files with O_CREAT + ftruncate to the common size (idempotent); only the coordinator
-touches `ConsumeQueue` objects, the `KeyIndex` (its file list) and the listeners; the one worker
-it asked writes into the newest index file's mapping while the coordinator waits for it.  Units a
-worker wrote for a batch that is dropped lie above the frontiers and are overwritten when the
-batch is built again.
+Ownership: one coordinator thread calls `dispatch_until`; each worker writes the slots of the
+queues it owns (and the coordinator's inline builder any slot), disjoint 20-byte slots in any
+case, and creates queue files with O_CREAT + ftruncate to the common size (idempotent); only the
+coordinator touches `ConsumeQueue` objects, the `KeyIndex` (its file list) and the listeners; the
+one worker it asked writes into the newest index file's mapping while the coordinator waits for
+it.  Open files: a worker maps the files of its share of the queues only, within its budget
+(`open_files.mapping_budget`); the coordinator's mappings are `consume_queue.MAPPINGS` and its
+inline builder's.  Units a worker wrote for a batch that is dropped lie above the frontiers and are
+overwritten when the batch is built again.
 """
 
 from __future__ import annotations
@@ -66,6 +87,7 @@ import fcntl
 import logging
 import multiprocessing.connection
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -84,6 +106,7 @@ from .batch_builder import (
     IndexAppend,
     IndexAppended,
     QueueRuns,
+    UnitsWritten,
     _Channel,
 )
 from .commit_log import CommitLog
@@ -101,7 +124,7 @@ DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
 MAX_WORKER_DEATHS_IN_A_ROW = 4
 SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time
-RESULT_PIPE_BYTES = 1 << 20  # a worker's answers pipe: room for an answer naming 40,000 queues
+RESULT_PIPE_BYTES = 1 << 20  # a worker's pipes, each way: room for an answer naming 20,000 queues
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
 
 
@@ -129,22 +152,25 @@ class _Worker:
     two pipes): a fresh interpreter, so the threaded store process is never forked and the
     caller's main module is never re-imported."""
 
-    __slots__ = ("process", "conn", "tasks")
+    __slots__ = ("number", "process", "conn", "tasks", "handovers")
 
     def __init__(
         self, consume_queue_root: str, units_per_file: int, file_sizes: dict[QueueKey, int], index_enabled: bool,
-        first_queue: float,
+        number: int, workers: int,
     ) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         if _F_SETPIPE_SZ is not None:
-            try:
-                # an answer naming 10,000 queues is 250 KB: in a 64 KB pipe the worker waited
-                # (140-250 ms) to send it until the coordinator had committed the batches before
-                # (new queues), instead of building its next batch meanwhile
-                fcntl.fcntl(from_child_w, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
-            except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
-                pass
+            for pipe_end in (from_child_w, to_child_w):
+                try:
+                    # an answer naming 10,000 queues is 250 KB, and the units it hands over as
+                    # much again: in a 64 KB pipe the worker waited (140-250 ms) to send it until
+                    # the coordinator had committed the batches before (new queues), instead of
+                    # building its next batch meanwhile; the other way, the coordinator would
+                    # wait to forward the units handed over until the owner read them
+                    fcntl.fcntl(pipe_end, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
+                except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
+                    pass
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -154,14 +180,16 @@ class _Worker:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
-                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0", repr(first_queue)],
+                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0", str(number), str(workers)],
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
             )
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
         self.conn = _Channel(from_child_r, to_child_w)
+        self.number = number  # it owns the queues `owner_of` gives `number` (a replacement takes its number)
         self.tasks: dict[int, BatchTask] = {}
+        self.handovers: dict[int, bytes] = {}  # batch id -> units handed over to it (pickled), not yet written
         try:
             self.conn.send(file_sizes)  # the worker's first message (see batch_builder._worker_main)
         except OSError:
@@ -225,6 +253,10 @@ class ParallelDispatcher:
         self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
         self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
         self._holders: dict[int, _Worker | None] = {}  # batch id -> the worker holding its index entries
+        # batch id -> the owners (worker numbers) still to write the units it handed over, from its
+        # first answer until it is processed at the head or dropped
+        self._unwritten: dict[int, set[int]] = {}
+        self._built: dict[int, BatchResult] = {}  # answered, waiting for its handed-over units
         self._appending: int | None = None  # the head batch whose index append is under way
         # the queues' rows in the frontier table, by (topic number << 32 | queue id), sorted
         self._topic_numbers: dict[str, int] = {}
@@ -240,6 +272,7 @@ class ParallelDispatcher:
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
         self.worker_batches = 0
         self.worker_appends = 0  # index appends done by workers (IndexAppend answers)
+        self.handovers_forwarded = 0  # units handed over by one worker, forwarded to their owner
         self.workers_restarted = 0
         self._deaths_in_a_row = 0  # worker deaths since a worker last answered
         self._workers_failing = False  # too many: every batch is built on the dispatch thread
@@ -392,21 +425,22 @@ class ParallelDispatcher:
         return BatchResult(task.batch_id, task.begin, self._blank_ends.pop(task.batch_id, task.end), None, 0, 0, QueueRuns.empty(), np.zeros(0, np.int32),
                            np.zeros(0, np.int64), np.zeros(0, np.int64))
 
-    def _build_inline(self, task: BatchTask) -> BatchResult:
+    def _inline_builder(self) -> BatchBuilder:
+        """The dispatch thread's builder: it owns every queue (no units handed over)."""
         if self._builder is None:
             self._builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, self.key_index is not None,
                                          self.queues.file_sizes())
+        return self._builder
+
+    def _build_inline(self, task: BatchTask) -> BatchResult:
         self.inline_batches += 1
-        return self._builder.build(task)
+        return self._inline_builder().build(task)
 
     # -- workers -------------------------------------------------------------------------------------
 
     def _start_worker(self, number: int) -> _Worker:
-        # worker `number` of N writes each batch's queues starting `number / N` of the way
-        # through them, so that workers creating the same queues' files at the same time do
-        # not queue up on the same directories (see BatchBuilder.first_queue)
         return _Worker(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(), self.key_index is not None,
-                       number / self.worker_count)
+                       number, self.worker_count)
 
     def start_workers(self) -> None:
         """Start the worker processes now rather than on the first large backlog."""
@@ -442,7 +476,8 @@ class ParallelDispatcher:
         if results:
             return results
         appending = self._holders.get(self._appending) if self._appending is not None else None
-        busy = [w for w in self._workers if w.tasks or w is appending]  # one append at a time: the head's
+        # one append at a time: the head's
+        busy = [w for w in self._workers if w.tasks or w.handovers or w is appending]
         if not busy:
             return results
         ready = multiprocessing.connection.wait([w.conn.reader for w in busy])
@@ -452,16 +487,74 @@ class ParallelDispatcher:
                     while worker.conn.poll():
                         result = worker.conn.recv()
                         self._deaths_in_a_row = 0
-                        if type(result) is IndexAppended:
+                        kind = type(result)
+                        if kind is IndexAppended:
                             results.append(result)
+                        elif kind is UnitsWritten:
+                            payload = worker.handovers.pop(result.batch_id, None)
+                            if payload is not None:
+                                if result.error is not None:
+                                    log.error("dispatch worker %s could not write the units handed over by batch %d: %s; "
+                                              "writing them on the dispatch thread", worker.pid, result.batch_id, result.error)
+                                    self._inline_builder().write_handover(pickle.loads(payload))
+                                built = self._units_written(result.batch_id, worker.number)
+                                if built is not None:
+                                    results.append(built)
                         elif worker.tasks.pop(result.batch_id, None) is not None:
                             if result.index_held:
                                 self._holders[result.batch_id] = worker
-                            results.append(result)
+                            if self._hand_over(result):
+                                results.append(result)
                 except (EOFError, OSError):  # the pipe closed: the worker died
                     worker.process.wait()
                     self._replace(worker)
         return results
+
+    # -- units handed over between workers -------------------------------------------------------
+
+    def _hand_over(self, result: BatchResult) -> bool:
+        """Forward the units a batch's builder handed over to their owners; True when none is
+        left to write (else the answer waits in `_built`).  A batch built again (its builder died)
+        hands over the same units: only its first answer's are forwarded, and an owner that
+        dies before writing them gets them again (`_replace`)."""
+        batch_id = result.batch_id
+        unwritten = self._unwritten.get(batch_id)
+        if unwritten is None:
+            unwritten = self._unwritten[batch_id] = set()
+            for owner, payload in result.handovers:
+                if self._forward(owner, batch_id, payload):
+                    unwritten.add(owner)
+        result.handovers = ()
+        if unwritten:
+            self._built[batch_id] = result
+            return False
+        return True
+
+    def _forward(self, owner: int, batch_id: int, payload: bytes) -> bool:
+        """Send units handed over to worker `owner`; True if it was sent (its answer is awaited),
+        False if they were written here (that worker is gone: workers have given way)."""
+        worker = next((w for w in self._workers if w.number == owner), None)
+        if worker is None:
+            self._inline_builder().write_handover(pickle.loads(payload))
+            return False
+        worker.handovers[batch_id] = payload
+        self.handovers_forwarded += 1
+        try:
+            worker.conn.send_bytes(payload)
+        except (OSError, EOFError):
+            pass  # a dead worker is noticed and replaced by _collect, which sends them again
+        return True
+
+    def _units_written(self, batch_id: int, owner: int) -> BatchResult | None:
+        """Worker `owner` wrote the units batch `batch_id` handed it: the batch's answer if that
+        was the last of them."""
+        unwritten = self._unwritten.get(batch_id)
+        if unwritten is None:
+            return None  # processed, or dropped
+        unwritten.discard(owner)
+        if not unwritten:
+            return self._built.pop(batch_id, None)
+        return None
 
     def _replace(self, dead: _Worker) -> None:
         dead.conn.close()
@@ -470,6 +563,7 @@ class ParallelDispatcher:
         for batch_id in sorted(b for b, holder in self._holders.items() if holder is dead):
             del self._holders[batch_id]
             self._answers.pop(batch_id, None)
+            self._built.pop(batch_id, None)
             task = self._tasks[batch_id]
             if batch_id == self._appending:  # it may have written part of them: cut the index back
                 self._appending = None
@@ -486,6 +580,11 @@ class ParallelDispatcher:
                 )
             self._workers_failing = True
             self._workers.remove(dead)
+            for batch_id, payload in sorted(dead.handovers.items()):
+                self._inline_builder().write_handover(pickle.loads(payload))
+                built = self._units_written(batch_id, dead.number)
+                if built is not None:
+                    self._done[batch_id] = built
             for batch_id, task in sorted(dead.tasks.items()):
                 self._done[batch_id] = self._build_inline(task)
             return
@@ -493,9 +592,13 @@ class ParallelDispatcher:
             "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
             dead.pid, dead.process.returncode, len(dead.tasks),
         )
-        replacement = self._start_worker(self._workers.index(dead))
+        replacement = self._start_worker(dead.number)
         self.workers_restarted += 1
         self._workers[self._workers.index(dead)] = replacement
+        # the units handed over to it and not yet written first: the head may be waiting for them
+        for batch_id, payload in sorted(dead.handovers.items()):
+            replacement.handovers[batch_id] = payload
+            replacement.conn.send_bytes(payload)
         for batch_id, task in sorted(dead.tasks.items()):
             replacement.tasks[batch_id] = task
             replacement.conn.send(task)
@@ -583,6 +686,7 @@ class ParallelDispatcher:
         committed, so each queue's run starts at its frontier, or starts the queue), append its
         index entries, move the dispatched offset."""
         task = self._tasks.pop(head.batch_id)
+        self._unwritten.pop(head.batch_id, None)
         self._head_id += 1
         if len(head.queues):
             self._commit_runs(head.queues, changes)
@@ -688,8 +792,11 @@ class ParallelDispatcher:
         self._answers.clear()
         self._done.clear()
         self._holders.clear()  # the workers let go of the entries they hold when asked for a later batch
+        self._unwritten.clear()
+        self._built.clear()
         for worker in self._workers:
             worker.tasks.clear()  # their answers, when they come, are ignored
+            worker.handovers.clear()
         self._head_id = self._next_id
         self._cut_offset = end
         self._stalled = True
