@@ -245,9 +245,11 @@ class GrpcServer:
         self._wake_pending = False
         self._thread: threading.Thread | None = None
         self._stopping = False
-        # Batches are started under this lock, and not once the completion queue is shut down
-        # (the core forbids new work on it then).
+        # No batch starts once the completion queue is shut down (the core forbids new work on it
+        # then).  The queue is shut down on the event loop's thread, so batches started there need
+        # only look at `_closed`; the completion-queue thread starts its batches under this lock.
         self._batch_lock = threading.Lock()
+        self._loop_thread: int | None = None
         self._closed = False
         self._shut_down: asyncio.Future | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -257,6 +259,7 @@ class GrpcServer:
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._shut_down = self.loop.create_future()
         self._server.start()
         self._server.request_call(self._cq, self._cq, _REQUEST_CALL)
@@ -292,15 +295,23 @@ class GrpcServer:
     def _start_batch(self, call, operations: tuple, tag: _Tag) -> bool:
         """Start a batch of operations on a call (either thread); False, after telling the tag, if
         the call is over or the server stopped."""
-        with self._batch_lock:
-            if not self._closed:
-                try:
-                    call.start_server_batch(operations, tag)
+        if threading.get_ident() == self._loop_thread:  # `stop` cannot close the queue meanwhile
+            if not self._closed and self._start(call, operations, tag):
+                return True
+        else:
+            with self._batch_lock:
+                if not self._closed and self._start(call, operations, tag):
                     return True
-                except Exception:  # the call is over (cancelled, or the server shut down)
-                    pass
         tag.on_failure()
         return False
+
+    @staticmethod
+    def _start(call, operations: tuple, tag: _Tag) -> bool:
+        try:
+            call.start_server_batch(operations, tag)
+            return True
+        except Exception:  # the call is over (cancelled, or the server shut down)
+            return False
 
     # -- the completion-queue thread --
 
