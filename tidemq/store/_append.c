@@ -118,6 +118,10 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
     long long offset = PyLong_AsLongLong(position_obj);
     Py_DECREF(position_obj);
     if (offset == -1 && PyErr_Occurred()) return NULL;
+    if (offset < base) {
+        PyErr_SetString(PyExc_ValueError, "write_position lies before the mapping");
+        return NULL;
+    }
 
     Py_buffer view;
     if (PyObject_GetBuffer(buf_obj, &view, PyBUF_WRITABLE) < 0) return NULL;
@@ -128,9 +132,13 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
     }
 
     Py_ssize_t i = start;
+    PyObject *message = NULL, *prep = NULL;  /* held: reading attributes may run Python code */
     for (; i < count; i++) {
-        PyObject *message = PySequence_Fast_GET_ITEM(messages, i);
-        PyObject *prep = PyList_GET_ITEM(prepared, i);
+        if (i >= PySequence_Fast_GET_SIZE(messages) || i >= PyList_GET_SIZE(prepared)) break;  /* shrunk meanwhile */
+        message = PySequence_Fast_GET_ITEM(messages, i);
+        prep = PyList_GET_ITEM(prepared, i);
+        Py_INCREF(message);
+        Py_INCREF(prep);
         if (!PyTuple_Check(prep) || PyTuple_GET_SIZE(prep) != 5) {
             PyErr_SetString(PyExc_TypeError, "a prepared message is not a 5-tuple");
             goto error;
@@ -168,6 +176,8 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
         long long size = fixed_size + body_len + properties_len;
         if (offset + size > ready_end) {  /* not in warm pages: the Python loop takes it */
             Py_DECREF(native);
+            Py_CLEAR(message);
+            Py_CLEAR(prep);
             break;
         }
 
@@ -263,11 +273,15 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
         int appended = PyList_Append(results, result);
         Py_DECREF(result);
         if (appended < 0) goto error;
+        Py_CLEAR(message);
+        Py_CLEAR(prep);
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(i);
 
 error:
+    Py_XDECREF(message);
+    Py_XDECREF(prep);
     PyBuffer_Release(&view);
     return NULL;
 }
