@@ -536,11 +536,28 @@ def test_a_worker_dying_while_writing_units_handed_over_gets_them_written_by_its
         assert all(not worker.handovers for worker in dispatcher._workers)
 
 
-def test_a_worker_never_blocks_on_a_full_pipe_while_its_coordinator_does(tmp_path):
+@pytest.mark.parametrize("high", [False, True], ids=["low descriptors", "descriptors past 1024"])
+def test_a_worker_never_blocks_on_a_full_pipe_while_its_coordinator_does(request, high):
     """Both pipes full at once (the coordinator forwarding units while the worker answers):
-    the worker's send takes in what comes while it waits for room, so both complete."""
+    the worker's send takes in what comes while it waits for room, so both complete; also with
+    pipes numbered past select's limit, as a store with thousands of files open hands them on."""
     to_worker_r, to_worker_w = os.pipe()
     from_worker_r, from_worker_w = os.pipe()
+    if high:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard < 2100:
+            pytest.skip(f"the open-file limit ({hard}) does not reach 2,100")
+        if soft != resource.RLIM_INFINITY and soft < 2100:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (2100, hard))
+            request.addfinalizer(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+        moved = []
+        for number, fd in enumerate((to_worker_r, from_worker_w), start=2050):
+            os.dup2(fd, number)
+            os.close(fd)
+            moved.append(number)
+        to_worker_r, from_worker_w = moved
     worker = _Channel(to_worker_r, from_worker_w)
     coordinator = _Channel(from_worker_r, to_worker_w)
     os.set_blocking(from_worker_w, False)

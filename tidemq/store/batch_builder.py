@@ -674,15 +674,22 @@ class _Channel:
         as `Connection.send` frames it."""
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         fd = self.writer.fileno()
+        poller = None
         for chunk in (_LENGTH.pack(len(data)), data):
             view = memoryview(chunk)
             while view:
                 try:
                     view = view[os.write(fd, view) :]
                 except BlockingIOError:
-                    readable, _, _ = select.select([self.reader], [fd], [])
-                    if readable:
-                        keep(self.reader.recv())  # EOFError: the coordinator is gone
+                    if poller is None:
+                        # poll, not select: a pipe inherited from a store with many files open
+                        # has a descriptor past select's limit (FD_SETSIZE, 1,024)
+                        poller = select.poll()
+                        poller.register(self.reader.fileno(), select.POLLIN)
+                        poller.register(fd, select.POLLOUT)
+                    for ready, _ in poller.poll():
+                        if ready != fd:
+                            keep(self.reader.recv())  # EOFError: the coordinator is gone
 
     def recv(self):
         return self.reader.recv()
