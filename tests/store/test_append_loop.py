@@ -93,3 +93,18 @@ def test_a_field_the_record_cannot_hold_stops_the_loop_after_the_records_before_
         assert store.wait_dispatched()
         assert [bytes(m.body) for m in store.get("t", 0, 0, 10).messages] == [b"good", b"next"]
     assert check(tmp_path).sound
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_integer_like_fields_are_taken_as_integers(tmp_path, compiled, monkeypatch):
+    import numpy as np
+
+    if not compiled:
+        python_only(monkeypatch)
+    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=1)) as store:
+        store.put(Message(topic="n", body=b"first"))  # the topic is known: the encoder's fast path
+        fields = dict(flag=np.int32(7), reconsume_times=np.int64(2), born_timestamp=np.int64(1234), prepared_transaction_offset=np.uint8(9))
+        results = store.put_batch([Message(topic="n", body=b"np", **fields), Message(topic="fresh", body=b"np", **fields)])
+        for result in results:
+            got = store.read_record(result.commit_log_offset)
+            assert (got.flag, got.reconsume_times, got.born_timestamp, got.prepared_transaction_offset) == (7, 2, 1234, 9)

@@ -12,6 +12,7 @@ hold what was computed from the same inputs, so losing or racing on them changes
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import socket
 import struct
@@ -82,7 +83,11 @@ class MessageEncoder:
             value = getattr(message, name)
             if value is None and name == "born_timestamp":
                 continue
-            if not isinstance(value, int) or not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            try:  # any integer-like value, as the record's packing takes it
+                number = operator.index(value)
+            except TypeError:
+                number = None
+            if number is None or not -(1 << (bits - 1)) <= number < 1 << (bits - 1):
                 return f"{name} {value!r} is not a {bits}-bit signed integer"
         return None
 
