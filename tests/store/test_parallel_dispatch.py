@@ -461,6 +461,20 @@ def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
         assert dispatcher.worker_appends >= dispatcher.worker_batches and len(list((tmp_path / "parallel" / "index").iterdir())) > 10
 
 
+def test_workers_run_this_tidemq_whatever_the_working_directory_holds(tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere" / "tidemq"
+    (elsewhere / "store").mkdir(parents=True)
+    (elsewhere / "__init__.py").write_text("raise ImportError('another tidemq')\n")
+    (elsewhere / "store" / "__init__.py").write_text("")
+    monkeypatch.chdir(elsewhere.parent)  # a directory holding another checkout, say
+    layout = [(f"t{i % 3}", i % 7) for i in range(1500)]
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
+        assert dispatcher.dispatch_until(log.write_position) == len(layout)
+        assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
+        assert all(worker.process.poll() is None for worker in dispatcher._workers)  # none died at import
+
+
 @pytest.mark.parametrize("every_worker", [False, True], ids=["one worker dies once", "every worker dies"])
 def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_path, monkeypatch, caplog, every_worker):
     # one worker dies after writing 25 units of its first batch; or every worker after 5, so

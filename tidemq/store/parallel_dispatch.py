@@ -48,7 +48,7 @@ the store's files through their own mappings:
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, owning every queue, so an idle store starts no process and a trickle pays
-no IPC.  Workers start on first need (fresh interpreters, `python -m tidemq.store.dispatch_worker`:
+no IPC.  Workers start on first need (fresh interpreters, `python -P -m tidemq.store.dispatch_worker`:
 the threaded store process is never forked) and are replaced if one dies: its replacement (same
 number, same queues) is sent the units handed over to it and not yet written, then its unanswered
 batches, which are built again (rewriting the same bytes); so are the batches whose index entries
@@ -179,7 +179,9 @@ class _Worker:
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
+                # -P: not the working directory first on the module path (as -m puts it), so that
+                # the worker runs this tidemq (PYTHONPATH), not one the directory happens to hold
+                [sys.executable, "-P", "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
                  consume_queue_root, str(units_per_file), "1" if index_enabled else "0", str(number), str(workers)],
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
             )
