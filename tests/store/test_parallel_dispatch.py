@@ -494,19 +494,25 @@ def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_pat
             assert dispatcher.workers_restarted == 1 and given_way == 0
 
 
-def test_a_worker_dying_inside_an_index_append_is_undone_and_rebuilt(tmp_path, monkeypatch, caplog):
-    # the first worker started dies in its first append to an index file holding entries, with
-    # the entries and chain heads written but not the header's count (a kill between the two):
-    # the index is cut back and the batch built again
-    monkeypatch.setenv(CRASH_ENV, f"append:{tmp_path / 'crashed'}")
+@pytest.mark.parametrize("point", ["append", "handover"])
+def test_a_worker_dying_part_way_through_a_write_is_undone_or_finished_by_its_replacement(tmp_path, monkeypatch, caplog, point):
+    # append: the first worker started dies in its first append to an index file holding entries,
+    # with the entries and chain heads written but not the header's count (a kill between the
+    # two): the index is cut back and the batch built again.  handover: the first worker given
+    # units to write dies halfway through writing them: its replacement (owner of the same
+    # queues) is given them again, and the head batch waits for them.
+    monkeypatch.setenv(CRASH_ENV, f"{point}:{tmp_path / 'crashed'}")
     layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
     log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
         dispatcher.dispatch_until(log.write_position)
         assert (tmp_path / "crashed").exists()
         assert dispatcher.dispatched_offset == log.write_position
-        assert dispatcher.workers_restarted == 1 and dispatcher.worker_appends > 0
-        assert "died" in caplog.text
+        assert dispatcher.workers_restarted == 1 and "died" in caplog.text
+        if point == "append":
+            assert dispatcher.worker_appends > 0
+        else:
+            assert dispatcher.inline_batches == 0 and all(not worker.handovers for worker in dispatcher._workers)
 
 
 def _mapped_queues(pid: int) -> set[tuple[str, int]]:
@@ -533,21 +539,6 @@ def test_each_queue_file_is_mapped_by_its_owner_only(tmp_path):
         for number, queues in mapped.items():
             # every queue of its share (each batch held all 120), none of the other's
             assert queues == {key for key in assigned if owner_of(*key, 2) == number}
-
-
-def test_a_worker_dying_while_writing_units_handed_over_gets_them_written_by_its_replacement(tmp_path, monkeypatch, caplog):
-    # the first worker given units to write dies halfway through writing them: its replacement
-    # (owner of the same queues) is given them again, and the head batch waits for them
-    monkeypatch.setenv(CRASH_ENV, f"handover:{tmp_path / 'crashed'}")
-    layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
-    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
-    with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
-        dispatcher.dispatch_until(log.write_position)
-        assert (tmp_path / "crashed").exists()
-        assert dispatcher.dispatched_offset == log.write_position
-        assert dispatcher.workers_restarted == 1 and dispatcher.inline_batches == 0
-        assert "died" in caplog.text
-        assert all(not worker.handovers for worker in dispatcher._workers)
 
 
 @pytest.mark.parametrize("high", [False, True], ids=["low descriptors", "descriptors past 1024"])
