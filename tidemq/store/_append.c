@@ -1,6 +1,7 @@
-/* tidemq.store._append: the append loop of MessageStore, compiled.
+/* tidemq.store._append: the append path of MessageStore, compiled.
  *
- * `write_records` does for a run of prepared messages what `MessageStore._append_python` does
+ * `prepare_messages` is MessageEncoder.prepare for the common message (a known topic and tag, no
+ * properties or keys), handing any other to the Python encoder.  `write_records` does for a run of prepared messages what `MessageStore._append_python` does
  * one message at a time in Python (record.py documents the layout): give each message its queue
  * offset, write its whole record in place in the active segment's mapping, advance the commit
  * log's `write_position`, and add a PutResult to `results`.  It writes only while the next
@@ -32,7 +33,8 @@
 
 static PyObject *struct_error;  /* struct.error */
 static PyObject *str_native, *str_topic, *str_queue_id, *str_born_timestamp, *str_flag, *str_sysflag,
-    *str_reconsume_times, *str_prepared_transaction_offset, *str_write_position;
+    *str_reconsume_times, *str_prepared_transaction_offset, *str_write_position, *str_body, *str_properties,
+    *str_keys, *str_tags, *str_born_host;
 
 static inline unsigned char *put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
@@ -316,19 +318,19 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
     PyObject *unique_key = NULL, *properties_bytes = NULL, *crc = NULL, *count = NULL;
     PyObject *suffix = NULL, *template = NULL;  /* owned here: getting later attributes may run Python */
     int common = 0;
-#define GET(var, name) if ((var = PyObject_GetAttrString(message, name)) == NULL) goto done
-    GET(topic, "topic");
+#define GET(var, name) if ((var = PyObject_GetAttr(message, name)) == NULL) goto done
+    GET(topic, str_topic);
     if (!PyUnicode_CheckExact(topic)) goto done_common;
     int known = PySet_Contains(valid_topics, topic);
     if (known < 0) goto done;
     if (!known) goto done_common;
-    GET(queue_id, "queue_id");
+    GET(queue_id, str_queue_id);
     if (!PyLong_CheckExact(queue_id)) goto done_common;
     int overflow = 0;
     long long qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
     if (qid == -1 && PyErr_Occurred()) goto done;
     if (overflow || qid < 0 || qid > max_queue_id) goto done_common;
-    GET(body, "body");
+    GET(body, str_body);
     if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > max_message_size) goto done_common;
     int f;
     if ((f = fits(message, str_flag, 32, 0)) <= 0 || (f = fits(message, str_sysflag, 32, 0)) <= 0 ||
@@ -338,17 +340,17 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
         if (f < 0) goto done;
         goto done_common;
     }
-    GET(attr, "properties");
+    GET(attr, str_properties);
     int truth = PyObject_IsTrue(attr);
     Py_CLEAR(attr);
     if (truth < 0) goto done;
     if (truth) goto done_common;
-    GET(attr, "keys");
+    GET(attr, str_keys);
     truth = PyObject_IsTrue(attr);
     Py_CLEAR(attr);
     if (truth < 0) goto done;
     if (truth) goto done_common;
-    GET(attr, "tags");
+    GET(attr, str_tags);
     suffix = PyDict_GetItemWithError(suffixes, attr);
     Py_CLEAR(attr);
     if (suffix == NULL) {
@@ -356,7 +358,7 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
         goto done_common;
     }
     Py_INCREF(suffix);
-    GET(attr, "born_host");
+    GET(attr, str_born_host);
     key = PyTuple_Pack(2, topic, attr);
     Py_CLEAR(attr);
     if (key == NULL) goto done;
@@ -366,7 +368,9 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
         goto done_common;
     }
     Py_INCREF(template);
-    Py_ssize_t prefix_len = PyUnicode_GET_LENGTH(key_prefix);
+    Py_ssize_t prefix_len;
+    const char *prefix = PyUnicode_AsUTF8AndSize(key_prefix, &prefix_len);
+    if (prefix == NULL) goto done;
     Py_ssize_t properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(suffix);
     PyObject *native = PyObject_GetAttr(template, str_native);
     if (native == NULL) goto done;
@@ -389,8 +393,6 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
     unsigned long long n = PyLong_AsUnsignedLongLongMask(count);
     if (n == (unsigned long long)-1 && PyErr_Occurred()) goto done;
     n &= 0xFFFFFFFFFFFFULL;
-    const char *prefix = PyUnicode_AsUTF8(key_prefix);
-    if (prefix == NULL) goto done;
     char text[128];
     if (prefix_len > 100) {
         PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
@@ -486,7 +488,10 @@ PyMODINIT_FUNC PyInit__append(void) {
         !(str_flag = PyUnicode_InternFromString("flag")) || !(str_sysflag = PyUnicode_InternFromString("sysflag")) ||
         !(str_reconsume_times = PyUnicode_InternFromString("reconsume_times")) ||
         !(str_prepared_transaction_offset = PyUnicode_InternFromString("prepared_transaction_offset")) ||
-        !(str_write_position = PyUnicode_InternFromString("write_position")))
+        !(str_write_position = PyUnicode_InternFromString("write_position")) ||
+        !(str_body = PyUnicode_InternFromString("body")) || !(str_properties = PyUnicode_InternFromString("properties")) ||
+        !(str_keys = PyUnicode_InternFromString("keys")) || !(str_tags = PyUnicode_InternFromString("tags")) ||
+        !(str_born_host = PyUnicode_InternFromString("born_host")))
         return NULL;
     return PyModule_Create(&module);
 }
