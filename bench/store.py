@@ -146,7 +146,7 @@ def bench_sync_async(root: Path, putters: int, per_putter: int) -> tuple[float, 
                 message = Message(topic="sync", body=b"x" * 128, queue_id=qid % QUEUES)
                 for _ in range(per_putter):
                     result, end = store.put_unflushed(message)
-                    await durable.after(end, result)
+                    await durable.after(end)
 
             start = time.perf_counter()
             await asyncio.gather(*(putter(i) for i in range(putters)))

@@ -17,13 +17,16 @@ def test_each_future_settles_after_an_fsync_covers_it_and_fsyncs_are_shared(tmp_
     store = sync_store(tmp_path)
     settled = []
 
+    futures = set()
+
     async def putter(durable, i):
         for j in range(25):
             result, end = store.put_unflushed(Message(topic="d", body=b"%d-%d" % (i, j), queue_id=i % 4))
-            got = await durable.after(end, result)
-            # settled only once durable, with the result it was given
-            assert got is result and store.group_commit.flushed >= end
-            settled.append(got)
+            future = durable.after(end)
+            futures.add(future)
+            await future
+            assert store.group_commit.flushed >= end  # settled only once durable
+            settled.append(result)
 
     requests = []
     request = store.group_commit.request
@@ -45,8 +48,33 @@ def test_each_future_settles_after_an_fsync_covers_it_and_fsyncs_are_shared(tmp_
         assert store.group_commit.fsyncs < 800 / 4  # 32 putters share each fsync
         # one request stands for every wait until the fsync answers it: not one per send
         assert len(requests) <= 2 * store.group_commit.fsyncs + 1
+        # and the sends between two fsyncs share a future: about one per fsync, not one per send
+        assert len(futures) <= 2 * store.group_commit.fsyncs + 1
         assert store.wait_dispatched()
         assert sum(store.max_offset("d", q) for q in range(4)) == 800
+    finally:
+        store.close()
+
+
+def test_a_send_after_an_fsync_started_does_not_join_the_group_before_it(tmp_path):
+    # an fsync that started may not cover what is appended next: that send opens a new group,
+    # so that the sends before it are settled by that fsync without waiting for the next
+    store = sync_store(tmp_path)
+
+    async def scenario():
+        durable = DurableFutures(store, asyncio.get_running_loop())
+        _, first_end = store.put_unflushed(Message(topic="g", body=b"first"))
+        first = durable.after(first_end)
+        store.group_commit.fsyncs_started += 1  # as the flush thread counts an fsync it starts
+        _, second_end = store.put_unflushed(Message(topic="g", body=b"second"))
+        second = durable.after(second_end)
+        assert second is not first
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        return second_end
+
+    try:
+        end = asyncio.run(scenario())
+        assert store.group_commit.flushed >= end
     finally:
         store.close()
 
@@ -58,7 +86,8 @@ def test_a_batch_waits_once_for_its_last_byte(tmp_path):
         durable = DurableFutures(store, asyncio.get_running_loop())
         results, end = store.put_unflushed([Message(topic="b", body=b"x%d" % i) for i in range(10)])
         assert end == results[-1].commit_log_offset + results[-1].size
-        return await asyncio.wait_for(durable.after(end, results), 10), end
+        await asyncio.wait_for(durable.after(end), 10)
+        return results, end
 
     try:
         results, end = asyncio.run(scenario())
@@ -74,9 +103,10 @@ def test_under_async_flush_the_future_is_settled_at_once(tmp_path):
         async def scenario():
             durable = DurableFutures(store, asyncio.get_running_loop())
             result, end = store.put_unflushed(Message(topic="a", body=b"now"))
-            future = durable.after(end, result)
+            future = durable.after(end)
             assert future.done()
-            return await future
+            await future
+            return result
 
         assert asyncio.run(scenario()).queue_offset == 0
 
@@ -93,7 +123,7 @@ def test_a_disk_that_will_not_flush_fails_the_wait_after_the_timeout(tmp_path):
         durable = DurableFutures(store, asyncio.get_running_loop())
         result, end = store.put_unflushed(Message(topic="f", body=b"lost?"))
         with pytest.raises(FlushTimeoutError, match="Input/output error"):
-            await asyncio.wait_for(durable.after(end, result), 10)
+            await asyncio.wait_for(durable.after(end), 10)
         return result
 
     try:
@@ -115,14 +145,14 @@ def test_waits_still_open_when_the_flusher_stops_fail_instead_of_hanging(tmp_pat
     async def scenario():
         durable = DurableFutures(store, asyncio.get_running_loop())
         result, end = store.put_unflushed(Message(topic="c", body=b"pending"))
-        future = durable.after(end, result)
+        future = durable.after(end)
         await asyncio.get_running_loop().run_in_executor(None, store.group_commit.stop)  # as closing does
         with pytest.raises(FlushTimeoutError, match="No space left"):
             await asyncio.wait_for(future, 10)
         # and a wait begun after the flusher stopped fails too
         result, end = store.put_unflushed(Message(topic="c", body=b"later"))
         with pytest.raises(FlushTimeoutError):
-            await asyncio.wait_for(durable.after(end, result), 10)
+            await asyncio.wait_for(durable.after(end), 10)
 
     try:
         asyncio.run(scenario())

@@ -5,13 +5,20 @@ the event loop appends (`MessageStore.put_unflushed`) and awaits a future from `
 flush thread tells this object once per fsync (`flushed`, one `call_soon_threadsafe`), and the loop
 settles every future the fsync covered.  Under async flush the future is settled at once.
 
+Sends share futures: the sends appended one after another while no fsync started form a group
+with one future, settled when the log is durable up to the group's last byte.  A group closes when
+the flush thread starts an fsync (`GroupCommit.fsyncs_started`, counted before the fsync looks at
+how far the log is written) or tells of one: every send of a group is then covered by the same
+fsyncs, and none waits for a later fsync than its own bytes need, except those appended in the
+instant between that count and the look.
+
 One request to the store covers any number of waits: while one is outstanding (asked, and not yet
 answered by a `flushed`), `after` asks nothing more.  That request makes the next fsync happen,
 and an fsync writes the whole log written so far; whatever it did not cover, `_settle` asks for
 again.
 
-Ownership: `_waiting` and `_outstanding` belong to the event loop's thread; the flush thread only
-calls `flushed`.
+Ownership: `_groups`, `_epoch` and `_outstanding` belong to the event loop's thread; the flush
+thread only calls `flushed`.
 """
 
 from __future__ import annotations
@@ -27,21 +34,30 @@ class DurableFutures:
     def __init__(self, store: MessageStore, loop: asyncio.AbstractEventLoop) -> None:
         self._store = store
         self.loop = loop
-        # (end offset, deadline, future, result), ends ascending: one thread appends, in order
-        self._waiting: deque[tuple[int, float, asyncio.Future, object]] = deque()
+        self._group_commit = store.group_commit
+        # [last end offset, deadline, future], ends ascending: one thread appends, in order
+        self._groups: deque[list] = deque()
+        self._epoch = -1  # fsyncs started when the last group opened; -1: it is closed
         self._outstanding = False  # a request the flush thread has not answered yet
         self._timeout = store.group_commit.timeout if store.group_commit is not None else 0.0
 
-    def after(self, end_offset: int, result: object) -> asyncio.Future:
-        """A future that gets `result` once the log is durable up to `end_offset`, or
+    def after(self, end_offset: int) -> asyncio.Future:
+        """A future settled (with None) once the log is durable up to `end_offset`, or failed with
         FlushTimeoutError after the store's sync-flush timeout or when the store closes first."""
+        group_commit = self._group_commit
+        if group_commit is not None and self._epoch == group_commit.fsyncs_started:
+            group = self._groups[-1]  # no fsync started since it opened: join it
+            group[0] = end_offset
+            group[1] = time.monotonic() + self._timeout  # each send waits the whole timeout at least
+            return group[2]
         future = self.loop.create_future()
         if not self._outstanding:
             if self._store.await_flush(end_offset, self):
-                future.set_result(result)
+                future.set_result(None)
                 return future
             self._outstanding = True
-        self._waiting.append((end_offset, time.monotonic() + self._timeout, future, result))
+        self._groups.append([end_offset, time.monotonic() + self._timeout, future])
+        self._epoch = group_commit.fsyncs_started
         return future
 
     def flushed(self, position: int, stopping: bool) -> None:
@@ -53,22 +69,23 @@ class DurableFutures:
 
     def _settle(self, position: int, stopping: bool) -> None:
         self._outstanding = False
-        waiting = self._waiting
-        while waiting and waiting[0][0] <= position:
-            _, _, future, result = waiting.popleft()
+        self._epoch = -1
+        groups = self._groups
+        while groups and groups[0][0] <= position:
+            future = groups.popleft()[2]
             if not future.done():
-                future.set_result(result)
+                future.set_result(None)
         now = time.monotonic()
-        while waiting and (stopping or waiting[0][1] <= now):
-            end_offset, _, future, _ = waiting.popleft()
+        while groups and (stopping or groups[0][1] <= now):
+            end_offset, _, future = groups.popleft()
             if not future.done():
-                future.set_exception(self._store.group_commit.timeout_error(end_offset))
+                future.set_exception(self._group_commit.timeout_error(end_offset))
         # the rest was written while that fsync ran: the next one will tell (or one already did)
-        if waiting:
-            if self._store.await_flush(waiting[-1][0], self):
-                for _, _, future, result in waiting:
+        if groups:
+            if self._store.await_flush(groups[-1][0], self):
+                for _, _, future in groups:
                     if not future.done():
-                        future.set_result(result)
-                waiting.clear()
+                        future.set_result(None)
+                groups.clear()
             else:
                 self._outstanding = True

@@ -151,7 +151,8 @@ class Publisher:
         durable, loop = self._durable, asyncio.get_running_loop()
         if durable is None or durable.loop is not loop:
             durable = self._durable = DurableFutures(self.store, loop)
-        return await durable.after(end, results)
+        await durable.after(end)
+        return results
 
 
 def _refusal(exc: StoreError) -> BrokerError:

@@ -62,6 +62,7 @@ class GroupCommit:
         self._callbacks: list[tuple[int, float, DurableCallback, object]] = []
         self._listeners: set[FlushListener] = set()  # to tell of the next fsync
         self.fsyncs = 0
+        self.fsyncs_started = 0  # the flusher counts an fsync here before it looks at write_position
         self.error: BaseException | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tidemq-group-commit", daemon=True)
@@ -156,6 +157,7 @@ class GroupCommit:
                     if remaining <= 0:
                         break
                     self._work.wait(remaining)
+            self.fsyncs_started += 1  # before `flush` reads how far to flush (see DurableFutures)
             try:
                 flushed = self.commit_log.flush()
                 self.fsyncs += 1
