@@ -275,12 +275,15 @@ async def _send_load(address: str, topic: str, count: int, concurrency: int, bat
                 sent += n
                 request = svc.SendMessageRequest()
                 for _ in range(n):
+                    # the system properties the SDK's producer always sets, born time and host included
                     m = request.messages.add(body=body)
                     m.topic.name = topic
                     m.system_properties.message_id = uuid.uuid4().hex.upper()
                     m.system_properties.message_type = pb.NORMAL
                     m.system_properties.body_encoding = pb.IDENTITY
                     m.system_properties.tag = "load"
+                    m.system_properties.born_timestamp.seconds = int(time.time())
+                    m.system_properties.born_host = "127.0.0.1"
                 response = await stub.SendMessage(request, metadata=md, timeout=30)
                 if response.status.code != pb.OK:
                     raise RuntimeError(response.status.message)
