@@ -335,13 +335,12 @@ class ConsumeQueue:
             raise ValueError(
                 f"{self.topic}/{self.queue_id} has no file yet: slot {queue_offset} needs initialize_at() first"
             )
-        self.directory.mkdir(parents=True, exist_ok=True)
         while files[-1].start + self.units_per_file <= queue_offset:
             self._add_file(files[-1].start + self.units_per_file)
         return files[-1]
 
     def _add_file(self, start: int) -> _QueueFile:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # map_queue_file makes the queue's directory when the file's open finds it missing
         qf = _QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True)
         with self._lock:
             self._files.append(qf)
