@@ -385,11 +385,10 @@ class BatchBuilder:
             own = np.flatnonzero(group_owners == self.owner)
             if not len(own):
                 return runs, handovers
-            own_groups = list(zip(starts[own].tolist(), stops[own].tolist(), firsts[own].tolist(), contiguous[own].tolist(),
-                                  group_topic_ids[own].tolist(), group_queue_ids[own].tolist()))
         else:
-            own_groups = list(zip(starts.tolist(), stops.tolist(), firsts.tolist(), contiguous.tolist(), group_topic_ids.tolist(),
-                                  group_queue_ids.tolist()))
+            own = slice(None)  # every queue is this builder's
+        own_groups = list(zip(starts[own].tolist(), stops[own].tolist(), firsts[own].tolist(), contiguous[own].tolist(),
+                              group_topic_ids[own].tolist(), group_queue_ids[own].tolist()))
         self._write_groups(names, self._rotated(own_groups), slots, units, memoryview(units.tobytes()))
         return runs, handovers
 
