@@ -15,6 +15,7 @@ import sys
 
 from .broker import Broker, BrokerConfig
 from .protocol.grpc import GrpcServer, MessagingService, admin_methods
+from .protocol.grpc.transport import DEFAULT_MAX_RECEIVE_MESSAGE
 from .serve_options import ServeOptions, resolve_options
 from .store import MessageStore, StoreConfig, raise_open_file_limit
 
@@ -51,14 +52,13 @@ class Server:
         self.broker = Broker(self.store, self.broker_config)
         self.broker.start(loop)
         service = self.service = MessagingService(self.broker)
+        # the broker judges a body's size (and answers MESSAGE_BODY_TOO_LARGE): the transport's own
+        # limit is well above it
         server = GrpcServer({**service.methods(), **admin_methods(self.broker)},
-                            options=(("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)))
-        self.port = server.add_insecure_port(self.options.listen)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.options.listen}")
+                            max_receive_message_length=max(DEFAULT_MAX_RECEIVE_MESSAGE, 4 * self.options.max_message_size))
+        self.port = await server.start(self.options.listen)
         host = self.options.listen.rpartition(":")[0]
         service.listen_address = f"{host}:{self.port}"
-        server.start()
         self.grpc_server = server
         return self.port
 

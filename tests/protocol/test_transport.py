@@ -1,0 +1,325 @@
+"""tidemq's HTTP/2 gRPC transport, served on a real loopback port: grpcio's client for what a gRPC
+client does, and a raw socket for what a well-behaved client never does."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+
+import grpc
+import pytest
+
+from tidemq.protocol.grpc import hpack
+from tidemq.protocol.grpc.transport import BIDI_STREAM, SERVER_STREAM, UNARY, GrpcServer, Method
+
+SERVICE = "/test.Transport/"
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class Service:
+    """Handlers on the server's event loop; what they saw, for the tests."""
+
+    def __init__(self) -> None:
+        self.seen_metadata = None
+        self.seen_remaining = None
+        self.cancelled = threading.Event()
+        self.unwritten: list[int] = []
+        self.release = asyncio.Event()
+
+    def methods(self) -> dict[str, Method]:
+        table = {
+            "Echo": Method(UNARY, self.echo, _identity, _identity),
+            "AsyncEcho": Method(UNARY, self.async_echo, _identity, _identity),
+            "Fail": Method(UNARY, self.fail, _identity, _identity),
+            "Hang": Method(UNARY, self.hang, _identity, _identity),
+            "Slow": Method(UNARY, self.slow, _identity, _identity),
+            "Repeat": Method(SERVER_STREAM, self.repeat, _identity, _identity),
+            "Chat": Method(BIDI_STREAM, self.chat, _identity, _identity),
+        }
+        return {SERVICE + name: m for name, m in table.items()}
+
+    def echo(self, request: bytes, rpc) -> bytes:
+        self.seen_metadata = dict(rpc.metadata)
+        self.seen_remaining = rpc.time_remaining()
+        return request
+
+    async def async_echo(self, request: bytes, rpc) -> bytes:
+        await asyncio.sleep(0.001)
+        return request[::-1]
+
+    def fail(self, request: bytes, rpc) -> bytes:
+        raise RuntimeError("boom")
+
+    async def hang(self, request: bytes, rpc) -> bytes:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return b""
+
+    async def slow(self, request: bytes, rpc) -> bytes:
+        await self.release.wait()
+        return b"done"
+
+    async def repeat(self, request: bytes, rpc) -> list[bytes]:
+        """Request: b"<count>:<size>"; answers count messages of size bytes (byte i is i % 251)."""
+        count, size = map(int, request.split(b":"))
+        rpc.on_unwritten = self.unwritten.append
+        return [bytes([i % 251]) * size for i in range(count)]
+
+    async def chat(self, rpc) -> None:
+        while True:
+            message = await rpc.read()
+            if message is None:
+                return
+            await rpc.write(message.upper())
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A GrpcServer on its own event loop thread; yields (service, address, loop, server)."""
+    service = Service()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box = {}
+
+    def run():
+        asyncio.set_event_loop(loop)
+
+        async def start():
+            service.release = asyncio.Event()
+            server = GrpcServer(service.methods(), max_receive_message_length=8 << 20)
+            box["server"] = server
+            box["port"] = await server.start("127.0.0.1:0")
+            started.set()
+
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield service, f"127.0.0.1:{box['port']}", loop, box["server"]
+    asyncio.run_coroutine_threadsafe(box["server"].stop(1.0), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.fixture()
+def channel(served):
+    _, address, _, _ = served
+    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", -1),
+                                                 ("grpc.max_send_message_length", -1)]) as ch:
+        yield ch
+
+
+def unary(channel, name):
+    return channel.unary_unary(SERVICE + name)
+
+
+def test_unary_answers_and_sees_metadata_and_deadline(served, channel):
+    service = served[0]
+    answer = unary(channel, "Echo")(b"hello", metadata=(("x-mq-client-id", "c-1"), ("trace-bin", b"\x00\xff")),
+                                    timeout=5)
+    assert answer == b"hello"
+    assert service.seen_metadata["x-mq-client-id"] == "c-1"
+    assert service.seen_metadata["trace-bin"] == b"\x00\xff"
+    assert 3 < service.seen_remaining <= 5
+    assert unary(channel, "Echo")(b"") == b""  # an empty message is still one message
+
+
+def test_many_concurrent_calls_on_one_connection(served, channel):
+    echo = unary(channel, "AsyncEcho")
+    futures = [echo.future(str(i).encode() * (1 + i % 50)) for i in range(400)]
+    assert [f.result(timeout=30) for f in futures] == [(str(i).encode() * (1 + i % 50))[::-1] for i in range(400)]
+
+
+def test_messages_larger_than_every_window_and_frame(served, channel):
+    big = bytes(range(256)) * (6 << 12)  # 6 MiB: beyond the default 64 KiB windows and 16 KiB frames
+    assert unary(channel, "Echo")(big, timeout=30) == big
+    count, size = 4, 3 << 20
+    replies = list(channel.unary_stream(SERVICE + "Repeat")(f"{count}:{size}".encode(), timeout=30))
+    assert [len(r) for r in replies] == [size] * count
+    assert all(r == bytes([i % 251]) * size for i, r in enumerate(replies))
+
+
+def test_gzip_compressed_requests_are_inflated(served, channel):
+    body = b"compress me " * 1000
+    assert unary(channel, "Echo")(body, compression=grpc.Compression.Gzip) == body
+
+
+def test_unknown_method_and_failing_handler(served, channel):
+    with pytest.raises(grpc.RpcError) as missing:
+        unary(channel, "Nope")(b"x")
+    assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as failed:
+        unary(channel, "Fail")(b"x")
+    assert failed.value.code() == grpc.StatusCode.UNKNOWN
+
+
+def test_request_over_the_limit_is_refused_and_the_connection_serves_on(served, channel):
+    with pytest.raises(grpc.RpcError) as refused:
+        unary(channel, "Echo")(b"x" * (9 << 20), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert unary(channel, "Echo")(b"after") == b"after"
+
+
+def test_client_deadline_cancels_the_handler(served, channel):
+    service = served[0]
+    service.cancelled.clear()
+    with pytest.raises(grpc.RpcError) as late:
+        unary(channel, "Hang")(b"x", timeout=0.2)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert service.cancelled.wait(5)
+
+
+def test_bidi_stream_reads_until_the_client_ends(served, channel):
+    chat = channel.stream_stream(SERVICE + "Chat")
+    words = [b"one", b"two", b"x" * 100_000, b"four"]
+    assert list(chat(iter(words), timeout=10)) == [w.upper() for w in words]
+
+
+# -- raw HTTP/2 ----------------------------------------------------------------------------------
+
+FRAME = struct.Struct(">IBI")
+
+
+def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return FRAME.pack(len(payload) << 8 | ftype, flags, stream_id) + payload
+
+
+class RawClient:
+    """Just enough HTTP/2 to misbehave."""
+
+    def __init__(self, address: str, initial_window: int = 65535) -> None:
+        host, port = address.split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=5)
+        self.decoder = hpack.Decoder()
+        self.buffer = b""
+        settings = struct.pack(">HI", 4, initial_window)
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, settings))
+
+    def request(self, stream_id: int, path: str, message: bytes, end: bool = True) -> None:
+        block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "test"),
+            ("content-type", "application/grpc"), ("te", "trailers")))
+        body = struct.pack(">BI", 0, len(message)) + message
+        self.sock.sendall(frame(1, 0x4, stream_id, block) + frame(0, 0x1 if end else 0, stream_id, body))
+
+    def frames(self, until, timeout: float = 5.0):
+        """Frames received (type, flags, stream, payload) until `until(frame)` is true, or the
+        connection closes."""
+        got = []
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            while len(self.buffer) >= 9:
+                length_type, flags, stream_id = FRAME.unpack_from(self.buffer)
+                length = length_type >> 8
+                if len(self.buffer) < 9 + length:
+                    break
+                f = (length_type & 0xFF, flags, stream_id & 0x7FFFFFFF, self.buffer[9:9 + length])
+                self.buffer = self.buffer[9 + length:]
+                got.append(f)
+                if until(f):
+                    return got
+            data = self.sock.recv(1 << 16)
+            if not data:
+                return got
+            self.buffer += data
+        raise AssertionError(f"timed out; frames so far: {[(t, fl, s) for t, fl, s, _ in got]}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_stream_reset_while_blocked_by_flow_control_reports_what_was_not_written(served):
+    service = served[0]
+    service.unwritten.clear()
+    client = RawClient(served[1], initial_window=1000)  # room for one 600-byte message, not two
+    try:
+        client.request(1, SERVICE + "Repeat", b"5:600")
+        data = client.frames(lambda f: f[0] == 0)  # the first DATA
+        assert sum(len(p) for t, _, _, p in data if t == 0) <= 1000
+        client.sock.sendall(frame(3, 0, 1, struct.pack(">I", 8)))  # RST_STREAM CANCEL
+        deadline = time.monotonic() + 5
+        while not service.unwritten and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert service.unwritten == [4]  # 5 messages; the first was written whole
+        # the connection still serves: a PING is answered
+        client.sock.sendall(frame(6, 0, 0, b"12345678"))
+        pong = client.frames(lambda f: f[0] == 6)
+        assert pong[-1][1] == 1 and pong[-1][3] == b"12345678"
+    finally:
+        client.close()
+
+
+def test_protocol_errors_close_only_that_connection(served, channel):
+    bad = RawClient(served[1])
+    try:
+        bad.sock.sendall(frame(0, 0, 0, b"data on stream zero"))
+        got = bad.frames(lambda f: f[0] == 7)  # GOAWAY
+        assert struct.unpack(">II", got[-1][3][:8])[1] == 1  # PROTOCOL_ERROR
+    finally:
+        bad.close()
+    garbage = socket.create_connection(served[1].split(":"), timeout=5)
+    garbage.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    garbage.settimeout(5)
+    received = b""
+    while chunk := garbage.recv(4096):
+        received += chunk
+    garbage.close()
+    assert unary(channel, "Echo")(b"still here") == b"still here"
+
+
+def test_a_header_block_split_over_continuation_frames(served):
+    client = RawClient(served[1])
+    try:
+        block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Echo"), (":authority", "test"),
+            ("content-type", "application/grpc"), ("x-long", "v" * 40_000)))
+        parts = [block[i:i + 16_000] for i in range(0, len(block), 16_000)]
+        frames = frame(1, 0, 1, parts[0]) + b"".join(
+            frame(9, 0x4 if i == len(parts) - 1 else 0, 1, p) for i, p in enumerate(parts[1:], 1))
+        frames += frame(0, 0x1, 1, struct.pack(">BI", 0, 3) + b"abc")
+        client.sock.sendall(frames)
+        got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1)  # the trailers
+        assert b"".join(p for t, _, s, p in got if t == 0 and s == 1)[5:] == b"abc"
+        assert ("grpc-status", "0") in client.decoder.decode(got[-1][3])
+    finally:
+        client.close()
+
+
+def test_shutdown_finishes_calls_in_flight_and_refuses_new_ones():
+    async def scenario():
+        service = Service()
+        server = GrpcServer(service.methods())
+        port = await server.start("127.0.0.1:0")
+        address = f"127.0.0.1:{port}"
+        async with grpc.aio.insecure_channel(address) as ch:
+            slow = ch.unary_unary(SERVICE + "Slow")
+            hang = ch.unary_unary(SERVICE + "Hang")
+            assert await ch.unary_unary(SERVICE + "Echo")(b"warm") == b"warm"
+            answered = asyncio.ensure_future(slow(b"x", timeout=30))
+            cancelled = asyncio.ensure_future(hang(b"x", timeout=30))
+            await asyncio.sleep(0.2)
+            stopping = asyncio.ensure_future(server.stop(grace=1.0))
+            await asyncio.sleep(0.2)
+            service.release.set()
+            assert await answered == b"done"
+            with pytest.raises(grpc.RpcError) as killed:
+                await cancelled
+            assert killed.value.code() == grpc.StatusCode.CANCELLED
+            await stopping
+            assert service.cancelled.is_set()
+            with pytest.raises(grpc.RpcError) as refused:
+                await ch.unary_unary(SERVICE + "Echo")(b"late", timeout=2)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(scenario())
