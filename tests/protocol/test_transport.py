@@ -323,3 +323,31 @@ def test_shutdown_finishes_calls_in_flight_and_refuses_new_ones():
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(scenario())
+
+
+def test_a_request_arriving_in_pieces_of_any_size(served):
+    """Frames cut anywhere by the network: the preface, a frame header, a payload."""
+    client = RawClient.__new__(RawClient)
+    host, port = served[1].split(":")
+    client.sock = socket.create_connection((host, int(port)), timeout=5)
+    client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client.decoder, client.buffer = hpack.Decoder(), b""
+    block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+        (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Echo"), (":authority", "test"),
+        ("content-type", "application/grpc")))
+    message = bytes(range(256)) * 8
+    wire = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0) + frame(1, 0x4, 1, block)
+            + frame(0, 0, 1, struct.pack(">BI", 0, len(message)) + message[:1000]) + frame(0, 0x1, 1, message[1000:]))
+    try:
+        sizes = [1, 2, 3, 5, 7, 9, 11, 64, 1000]
+        position, i = 0, 0
+        while position < len(wire):
+            piece = wire[position:position + sizes[i % len(sizes)]]
+            client.sock.sendall(piece)
+            position += len(piece)
+            i += 1
+            time.sleep(0.0005)
+        got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
+        assert b"".join(p for t, _, s, p in got if t == 0 and s == 1)[5:] == message
+    finally:
+        client.close()
