@@ -1,7 +1,9 @@
 /* tidemq.store._append: the append path of MessageStore, compiled.
  *
  * `prepare_messages` is MessageEncoder.prepare for the common message (a known topic and tag, no
- * properties or keys), handing any other to the Python encoder.  `write_records` does for a run of prepared messages what `MessageStore._append_python` does
+ * properties or keys), handing any other to the Python encoder.  `put_common` is both at once for
+ * one such message whose record ends in the warm pages: a single `put` in one call (a put's own
+ * Python around the two cost as much as they do).  `write_records` does for a run of prepared messages what `MessageStore._append_python` does
  * one message at a time in Python (record.py documents the layout): give each message its queue
  * offset, write its whole record in place in the active segment's mapping, advance the commit
  * log's `write_position`, and add a PutResult to `results`.  It writes only while the next
@@ -25,6 +27,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define FLAG_BORNHOST_V6 0x10
 #define FLAG_STOREHOST_V6 0x20
@@ -465,7 +468,304 @@ static PyObject *prepare_messages(PyObject *self, PyObject *args) {
     return prepared;
 }
 
+/* put_common(state, message) -> PutResult, or None when the message is not the common case.
+ *
+ * `MessageStore.put` for one common message, the append lock held: the checks of
+ * `prepare_common` and the record of `write_records` in one pass, reading each attribute of the
+ * message once (it must be a Message itself, no subclass, so that reading is side-effect free),
+ * and writing the properties straight into the log.  Returns None, having changed nothing (no
+ * clock read, no unique key taken), when anything is unusual: another type or an unknown topic,
+ * tag or (topic, born host), properties or keys, a field out of range, or a record that does not
+ * end within the active segment's warm pages; the caller then appends it the ordinary way.
+ *
+ * state: (message_type, valid_topics, max_queue_id, max_message_size, suffixes, templates,
+ *         uniq_property, unique_keys, crc32, segment_size, queue_offsets, store_host,
+ *         result_type, commit_log, clock, store)
+ * unique_keys: the encoder's _UniqueKeys (its `prefix` and `counter` are read at each call);
+ * clock: the store's clock, or None for the wall clock in milliseconds (`wall_clock_ms`);
+ * commit_log: `write_position`, `_active` (.mm, .start) and `_ready_end` are read, and
+ * `write_position` advanced; store: `_last_written` is set to (end, store timestamp). */
+static PyObject *str_active, *str_ready_end, *str_mm, *str_start, *str_prefix, *str_counter, *str_last_written;
+
+static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 16) {
+        PyErr_SetString(PyExc_TypeError, "put_common(state, message): state is a 16-tuple");
+        return NULL;
+    }
+    PyObject *state = args[0], *message = args[1];
+    PyObject *message_type = PyTuple_GET_ITEM(state, 0), *valid_topics = PyTuple_GET_ITEM(state, 1);
+    PyObject *suffixes = PyTuple_GET_ITEM(state, 4), *templates = PyTuple_GET_ITEM(state, 5);
+    PyObject *uniq_property = PyTuple_GET_ITEM(state, 6), *unique_keys = PyTuple_GET_ITEM(state, 7);
+    PyObject *crc32 = PyTuple_GET_ITEM(state, 8), *queue_offsets = PyTuple_GET_ITEM(state, 10);
+    PyObject *store_host = PyTuple_GET_ITEM(state, 11), *result_type = PyTuple_GET_ITEM(state, 12);
+    PyObject *commit_log = PyTuple_GET_ITEM(state, 13), *clock = PyTuple_GET_ITEM(state, 14);
+    PyObject *store = PyTuple_GET_ITEM(state, 15);
+    long long max_queue_id = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 2));
+    long long max_message_size = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 3));
+    long long segment_size = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 9));
+    if (PyErr_Occurred()) return NULL;
+    if (!PySet_Check(valid_topics) || !PyDict_Check(suffixes) || !PyDict_Check(templates) ||
+        !PyBytes_Check(uniq_property) || !PyDict_Check(queue_offsets) || !PyType_Check(result_type) ||
+        !PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_common: state holds a wrong type");
+        return NULL;
+    }
+    if ((PyObject *)Py_TYPE(message) != message_type) Py_RETURN_NONE;
+
+    /* Everything below until `decided` only reads: anything unusual is `not_common`.  Every
+     * reference taken is released at `done`. */
+    PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *born_obj = NULL, *attr = NULL, *born_host = NULL;
+    PyObject *key = NULL, *template = NULL, *suffix = NULL, *native = NULL, *prefix_obj = NULL, *counter = NULL;
+    PyObject *segment = NULL, *mm = NULL, *result = NULL, *unique_key = NULL, *count = NULL, *crc = NULL;
+    Py_buffer view = {0};
+    int have_view = 0;
+    long long flag, sysflag, reconsume_times, prepared_offset, born_timestamp = 0, qid;
+#define GET(var, obj, name) if ((var = PyObject_GetAttr(obj, name)) == NULL) goto done
+#define INT_FIELD(out, name, bits)                                                                   \
+    do {                                                                                             \
+        GET(attr, message, name);                                                                    \
+        if (!PyLong_Check(attr)) goto not_common;                                                    \
+        int overflow_ = 0;                                                                           \
+        out = PyLong_AsLongLongAndOverflow(attr, &overflow_);                                        \
+        if (out == -1 && PyErr_Occurred()) goto done;                                                \
+        if (overflow_ || (bits == 32 && (out < INT32_MIN || out > INT32_MAX))) goto not_common;      \
+        Py_CLEAR(attr);                                                                              \
+    } while (0)
+
+    GET(topic, message, str_topic);
+    if (!PyUnicode_CheckExact(topic)) goto not_common;
+    int known = PySet_Contains(valid_topics, topic);
+    if (known < 0) goto done;
+    if (!known) goto not_common;
+    GET(queue_id, message, str_queue_id);
+    if (!PyLong_CheckExact(queue_id)) goto not_common;
+    int overflow = 0;
+    qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
+    if (qid == -1 && PyErr_Occurred()) goto done;
+    if (overflow || qid < 0 || qid > max_queue_id) goto not_common;
+    GET(body, message, str_body);
+    if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > max_message_size) goto not_common;
+    INT_FIELD(flag, str_flag, 32);
+    INT_FIELD(sysflag, str_sysflag, 32);
+    INT_FIELD(reconsume_times, str_reconsume_times, 32);
+    INT_FIELD(prepared_offset, str_prepared_transaction_offset, 64);
+    GET(born_obj, message, str_born_timestamp);
+    if (born_obj != Py_None) {
+        if (!PyLong_Check(born_obj)) goto not_common;
+        born_timestamp = PyLong_AsLongLongAndOverflow(born_obj, &overflow);
+        if (born_timestamp == -1 && PyErr_Occurred()) goto done;
+        if (overflow) goto not_common;
+    }
+    /* no properties or keys, a str tag, a (str, int) born host: testing and hashing them runs no
+     * Python code, which must not run with the append lock held (it might put) */
+    GET(attr, message, str_properties);
+    if (!PyDict_CheckExact(attr) || PyDict_GET_SIZE(attr) != 0) goto not_common;
+    Py_CLEAR(attr);
+    GET(attr, message, str_keys);
+    if (attr != Py_None && !(PyList_CheckExact(attr) && PyList_GET_SIZE(attr) == 0)) goto not_common;
+    Py_CLEAR(attr);
+    GET(attr, message, str_tags);
+    if (attr != Py_None && !PyUnicode_CheckExact(attr)) goto not_common;
+    suffix = PyDict_GetItemWithError(suffixes, attr);
+    Py_CLEAR(attr);
+    if (suffix == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto not_common;
+    }
+    Py_INCREF(suffix);
+    if (!PyBytes_Check(suffix)) goto not_common;
+    GET(born_host, message, str_born_host);
+    if (!PyTuple_CheckExact(born_host) || PyTuple_GET_SIZE(born_host) != 2 ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(born_host, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(born_host, 1)))
+        goto not_common;
+    key = PyTuple_Pack(2, topic, born_host);
+    if (key == NULL) goto done;
+    template = PyDict_GetItemWithError(templates, key);
+    Py_CLEAR(key);
+    if (template == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto not_common;
+    }
+    Py_INCREF(template);
+    GET(native, template, str_native);
+    if (!PyTuple_Check(native) || PyTuple_GET_SIZE(native) != 8) {
+        PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
+        goto done;
+    }
+    long long magic, sysflag_bits, born_port, store_port, fixed_size;
+    PyObject *born_ip = PyTuple_GET_ITEM(native, 2), *store_ip = PyTuple_GET_ITEM(native, 4);
+    PyObject *topic_part = PyTuple_GET_ITEM(native, 6);
+    if (int_item(native, 0, &magic) < 0 || int_item(native, 1, &sysflag_bits) < 0 ||
+        int_item(native, 3, &born_port) < 0 || int_item(native, 5, &store_port) < 0 ||
+        int_item(native, 7, &fixed_size) < 0 || !PyBytes_Check(born_ip) || !PyBytes_Check(store_ip) ||
+        !PyBytes_Check(topic_part)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native holds a wrong type");
+        goto done;
+    }
+    GET(prefix_obj, unique_keys, str_prefix);
+    Py_ssize_t prefix_len;
+    const char *prefix = PyUnicode_Check(prefix_obj) ? PyUnicode_AsUTF8AndSize(prefix_obj, &prefix_len) : NULL;
+    if (prefix == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "the unique-key prefix is not a str");
+        goto done;
+    }
+    if (prefix_len > 100) {
+        PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
+        goto done;
+    }
+    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+    Py_ssize_t properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(suffix);
+    long long size = fixed_size + body_len + properties_len;
+    if (properties_len > 32767 || size + 8 > segment_size) goto not_common;  /* the encoder raises the error */
+
+    /* where it goes: within the active segment's warm pages, or the ordinary path rolls or warms */
+    GET(attr, commit_log, str_write_position);
+    long long offset = PyLong_AsLongLong(attr);
+    Py_CLEAR(attr);
+    if (offset == -1 && PyErr_Occurred()) goto done;
+    GET(attr, commit_log, str_ready_end);
+    long long ready_end = PyLong_AsLongLong(attr);
+    Py_CLEAR(attr);
+    if (ready_end == -1 && PyErr_Occurred()) goto done;
+    if (offset + size > ready_end) goto not_common;
+    GET(segment, commit_log, str_active);
+    if (segment == Py_None) goto not_common;
+    GET(attr, segment, str_start);
+    long long base = PyLong_AsLongLong(attr);
+    Py_CLEAR(attr);
+    if (base == -1 && PyErr_Occurred()) goto done;
+    GET(mm, segment, str_mm);
+    if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) goto done;
+    have_view = 1;
+    if (offset < base || ready_end - base > view.len) {
+        PyErr_SetString(PyExc_ValueError, "the warm region lies outside the active segment's mapping");
+        goto done;
+    }
+    long long transaction = sysflag & TRANSACTION_TYPE_MASK;
+    int takes_offset = !transaction || transaction == TRANSACTION_COMMIT;
+    key = PyTuple_Pack(2, topic, queue_id);
+    if (key == NULL) goto done;
+    long long queue_offset = 0;
+    if (takes_offset) {
+        PyObject *current = PyDict_GetItemWithError(queue_offsets, key);  /* borrowed */
+        if (current == NULL && PyErr_Occurred()) goto done;
+        if (current != NULL) {
+            queue_offset = PyLong_AsLongLong(current);
+            if (queue_offset == -1 && PyErr_Occurred()) goto done;
+        }
+    }
+    GET(counter, unique_keys, str_counter);
+
+    /* decided: the store's clock, the next unique key, the body CRC, then the record */
+    long long store_timestamp;
+    if (clock == Py_None) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        store_timestamp = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    } else {
+        PyObject *now = PyObject_CallNoArgs(clock);
+        if (now == NULL) goto done;
+        store_timestamp = PyLong_AsLongLong(now);
+        Py_DECREF(now);
+        if (store_timestamp == -1 && PyErr_Occurred()) goto done;
+    }
+    if (born_obj == Py_None) born_timestamp = store_timestamp;  /* the producer's time is unknown */
+    count = PyIter_Next(counter);
+    if (count == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the unique-key counter is exhausted");
+        goto done;
+    }
+    unsigned long long n = PyLong_AsUnsignedLongLongMask(count);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+    n &= 0xFFFFFFFFFFFFULL;
+    char text[128];
+    memcpy(text, prefix, prefix_len);
+    static const char hex[] = "0123456789ABCDEF";
+    for (int k = 11; k >= 0; k--, n >>= 4) text[prefix_len + k] = hex[n & 0xF];
+    unique_key = PyUnicode_FromStringAndSize(text, prefix_len + 12);
+    if (unique_key == NULL) goto done;
+    crc = PyObject_CallOneArg(crc32, body);
+    if (crc == NULL) goto done;
+    unsigned long long body_crc = PyLong_AsUnsignedLongLongMask(crc);
+    if (body_crc == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+    body_crc &= 0x7FFFFFFFULL;
+    /* the result and the new values before the write, so that no failure can follow a written record */
+    PyObject *items[6] = {PyLong_FromLongLong(offset), PyLong_FromLongLong(size), PyLong_FromLongLong(queue_offset),
+                          unique_key, PyLong_FromLongLong(store_timestamp), store_host};
+    Py_INCREF(unique_key);
+    Py_INCREF(store_host);
+    PyObject *end_obj = PyLong_FromLongLong(offset + size);
+    PyObject *next_obj = PyLong_FromLongLong(queue_offset + 1);
+    PyObject *last_written = end_obj != NULL && items[4] != NULL ? PyTuple_Pack(2, end_obj, items[4]) : NULL;
+    if (items[0] != NULL && items[1] != NULL && items[2] != NULL && items[4] != NULL && next_obj != NULL && last_written != NULL)
+        result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 6);
+    if (result == NULL) {
+        for (int k = 0; k < 6; k++) Py_XDECREF(items[k]);
+        Py_XDECREF(end_obj);
+        Py_XDECREF(next_obj);
+        Py_XDECREF(last_written);
+        goto done;
+    }
+    for (int k = 0; k < 6; k++) PyTuple_SET_ITEM(result, k, items[k]);  /* tuple.__new__(PutResult, fields) */
+
+    unsigned char *p = (unsigned char *)view.buf + (offset - base);
+    p = put32(p, (uint32_t)size);
+    p = put32(p, (uint32_t)magic);
+    p = put32(p, (uint32_t)body_crc);
+    p = put32(p, (uint32_t)qid);
+    p = put32(p, (uint32_t)flag);
+    p = put64(p, (uint64_t)queue_offset);
+    p = put64(p, (uint64_t)offset);
+    p = put32(p, (uint32_t)((sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits));
+    p = put64(p, (uint64_t)born_timestamp);
+    memcpy(p, PyBytes_AS_STRING(born_ip), PyBytes_GET_SIZE(born_ip));
+    p = put32(p + PyBytes_GET_SIZE(born_ip), (uint32_t)born_port);
+    p = put64(p, (uint64_t)store_timestamp);
+    memcpy(p, PyBytes_AS_STRING(store_ip), PyBytes_GET_SIZE(store_ip));
+    p = put32(p + PyBytes_GET_SIZE(store_ip), (uint32_t)store_port);
+    p = put32(p, (uint32_t)reconsume_times);
+    p = put64(p, (uint64_t)prepared_offset);
+    p = put32(p, (uint32_t)body_len);
+    memcpy(p, PyBytes_AS_STRING(body), body_len);
+    p += body_len;
+    memcpy(p, PyBytes_AS_STRING(topic_part), PyBytes_GET_SIZE(topic_part));
+    p += PyBytes_GET_SIZE(topic_part);
+    *p++ = (unsigned char)(properties_len >> 8);
+    *p++ = (unsigned char)properties_len;
+    memcpy(p, PyBytes_AS_STRING(uniq_property), PyBytes_GET_SIZE(uniq_property));
+    p += PyBytes_GET_SIZE(uniq_property);
+    memcpy(p, text, prefix_len + 12);
+    p += prefix_len + 12;
+    memcpy(p, PyBytes_AS_STRING(suffix), PyBytes_GET_SIZE(suffix));
+
+    /* the record is written: account for it (these only fail for want of memory) */
+    int failed = PyObject_SetAttr(commit_log, str_write_position, end_obj) < 0;
+    if (!failed && takes_offset) failed = PyDict_SetItem(queue_offsets, key, next_obj) < 0;
+    if (!failed) failed = PyObject_SetAttr(store, str_last_written, last_written) < 0;
+    Py_DECREF(end_obj);
+    Py_DECREF(next_obj);
+    Py_DECREF(last_written);
+    if (failed) Py_CLEAR(result);
+    goto done;
+
+not_common:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+#undef GET
+#undef INT_FIELD
+    if (have_view) PyBuffer_Release(&view);
+    Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(born_obj); Py_XDECREF(attr);
+    Py_XDECREF(born_host); Py_XDECREF(key); Py_XDECREF(template); Py_XDECREF(suffix); Py_XDECREF(native);
+    Py_XDECREF(prefix_obj); Py_XDECREF(counter); Py_XDECREF(segment); Py_XDECREF(mm); Py_XDECREF(unique_key);
+    Py_XDECREF(count); Py_XDECREF(crc);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"put_common", (PyCFunction)(void (*)(void))put_common, METH_FASTCALL,
+     "Append one common message in a single pass, the append lock held: its PutResult, or None "
+     "(nothing done) when it is not the common case or does not fit the warm pages."},
     {"prepare_messages", prepare_messages, METH_VARARGS,
      "MessageEncoder.prepare for each message: the common case compiled, any other through prepare."},
     {"write_records", write_records, METH_VARARGS,
@@ -491,7 +791,11 @@ PyMODINIT_FUNC PyInit__append(void) {
         !(str_write_position = PyUnicode_InternFromString("write_position")) ||
         !(str_body = PyUnicode_InternFromString("body")) || !(str_properties = PyUnicode_InternFromString("properties")) ||
         !(str_keys = PyUnicode_InternFromString("keys")) || !(str_tags = PyUnicode_InternFromString("tags")) ||
-        !(str_born_host = PyUnicode_InternFromString("born_host")))
+        !(str_born_host = PyUnicode_InternFromString("born_host")) ||
+        !(str_active = PyUnicode_InternFromString("_active")) || !(str_ready_end = PyUnicode_InternFromString("_ready_end")) ||
+        !(str_mm = PyUnicode_InternFromString("mm")) || !(str_start = PyUnicode_InternFromString("start")) ||
+        !(str_prefix = PyUnicode_InternFromString("prefix")) || !(str_counter = PyUnicode_InternFromString("counter")) ||
+        !(str_last_written = PyUnicode_InternFromString("_last_written")))
         return NULL;
     return PyModule_Create(&module);
 }

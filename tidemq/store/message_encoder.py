@@ -30,7 +30,7 @@ try:  # the compiled common case of `prepare`; without it, `prepare` does every 
 except ImportError:
     _prepare_messages = None
 
-_UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
+UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
 # The record's numeric fields a message sets, with their widths: FLAG, SYSFLAG, RECONSUMETIMES
 # (i32), PREPAREDTXOFFSET and BORNTIMESTAMP (i64).
 _NUMERIC_FIELDS = (("flag", 32), ("sysflag", 32), ("reconsume_times", 32), ("prepared_transaction_offset", 64), ("born_timestamp", 64))
@@ -102,7 +102,7 @@ class MessageEncoder:
         unique_keys = self._unique_keys
         return _prepare_messages(
             messages, self.prepare, self._valid_topics, cfg.max_queue_id, cfg.max_message_size, self._property_suffixes,
-            self._templates, _UNIQ_KEY_PREFIX, unique_keys.prefix, unique_keys.counter, record.crc32, self.segment_size,
+            self._templates, UNIQ_KEY_PREFIX, unique_keys.prefix, unique_keys.counter, record.crc32, self.segment_size,
         )
 
     def prepare(self, message: Message) -> tuple:
@@ -147,7 +147,7 @@ class MessageEncoder:
             suffix = self._property_suffixes.get(message.tags) if not keys else None
             if suffix is None:
                 suffix = self._property_suffix(message.tags, keys)
-            properties_bytes = b"".join((_UNIQ_KEY_PREFIX, unique_key.encode("ascii"), suffix))
+            properties_bytes = b"".join((UNIQ_KEY_PREFIX, unique_key.encode("ascii"), suffix))
         if len(properties_bytes) > record.MAX_PROPERTIES_BYTES:
             raise InvalidMessageError(f"properties are {len(properties_bytes)} bytes, at most {record.MAX_PROPERTIES_BYTES}")
         template = self._templates.get((topic, message.born_host))

@@ -6,7 +6,8 @@
     store.close()
 
 Threads and ownership:
-- callers of `put` (any number): encode outside the lock (`MessageEncoder`); `_append_lock` guards the queue-offset
+- callers of `put` (any number): encode outside the lock (`MessageEncoder`), except the common single put, which
+  encodes and writes in one compiled call under it (`_append_one`); `_append_lock` guards the queue-offset
   table, the commit log's write position and segment rolls — one writer at a time;
 - the dispatch thread: the only caller of `Dispatcher.dispatch_until` once the store is open;
 - the flush thread (group commit under sync flush, periodic under async) and the maintenance
@@ -32,7 +33,7 @@ from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
 from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
 from .key_index import KeyIndex
 from .lag import sink_lags
-from .message_encoder import MessageEncoder
+from .message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
 from .parallel_dispatch import ParallelDispatcher
 from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLockedError
 from .flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
@@ -126,9 +127,9 @@ class DispatchLag:
 
 
 try:  # the compiled append loop; without it (no C compiler at install) the Python loop does it all
-    from ._append import write_records as _write_records
+    from ._append import put_common as _put_common, write_records as _write_records
 except ImportError:
-    _write_records = None
+    _put_common = _write_records = None
 
 _TRANSACTION_TYPE_MASK = record.TRANSACTION_TYPE_MASK
 _TRANSACTION_COMMIT = record.TRANSACTION_COMMIT
@@ -189,6 +190,7 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues] + ([self.key_index] if self.key_index else []), 0)
         self.recovery = self._recover(abnormal)
+        self._put_state = self._common_put_state()
         if cfg.dispatch_workers > 1:  # recovery ran sequentially; from here on, worker processes
             parallel = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, self.dispatcher.dispatched_offset, cfg.dispatch_workers)
             parallel.stats = self.dispatcher.stats
@@ -284,16 +286,16 @@ class MessageStore:
         refused; nothing stored), FlushTimeoutError (sync flush: written, durability unconfirmed)."""
         group_commit = self.group_commit
         if group_commit is None and on_durable is None:  # async flush: written is stored
-            results, _ = self._append((message,))
-            self._wake_dispatcher()
-            return results[0]
+            result = self._append_one(message)
+            if not self._dispatch_event_set:
+                self._wake_dispatcher()
+            return result
         blocking = group_commit is not None and on_durable is None
         if blocking:
             group_commit.begin()
         try:
-            results, end = self._append((message,))
-            result = results[0]
-            self._await_durable(end, blocking, on_durable, result)
+            result = self._append_one(message)
+            self._await_durable(result.commit_log_offset + result.size, blocking, on_durable, result)
         finally:
             if blocking:
                 group_commit.end()
@@ -304,11 +306,15 @@ class MessageStore:
         policy; returns its PutResult (or list of them) and the log offset that must be durable
         before the caller may call it stored (see `await_flush`).  Raises as `put` and
         `put_batch` do when nothing, or only part of a batch, is stored."""
-        one = type(messages) is not list
-        results, end = self._append((messages,) if one else messages)
+        if type(messages) is not list:
+            result = self._append_one(messages)
+            if self.group_commit is None:
+                self._wake_dispatcher()
+            return result, result.commit_log_offset + result.size
+        results, end = self._append(messages)
         if self.group_commit is None:
             self._wake_dispatcher()
-        return (results[0] if one else results), end
+        return results, end
 
     def await_flush(self, end_offset: int, listener: FlushListener) -> bool:
         """True if the log up to `end_offset` is already durable under the flush policy (always,
@@ -338,6 +344,34 @@ class MessageStore:
             if blocking:
                 self.group_commit.end()
         return results
+
+    def _common_put_state(self) -> tuple | None:
+        """What the compiled single put (`_append.put_common`) reads besides the message; None
+        where it is not built.  Built once: the objects in it are the store's and the encoder's
+        own, which change in place."""
+        if _put_common is None:
+            return None
+        cfg, encoder = self.config, self._encoder
+        return (
+            Message, encoder._valid_topics, cfg.max_queue_id, cfg.max_message_size, encoder._property_suffixes,
+            encoder._templates, UNIQ_KEY_PREFIX, encoder._unique_keys, record.crc32, encoder.segment_size,
+            self._queue_offsets, cfg.store_host, PutResult, self.commit_log, None if self.clock is wall_clock_ms else self.clock, self,
+        )
+
+    def _append_one(self, message: Message) -> PutResult:
+        """`_append` for one message.  The common one (a known topic, tag and born host, no
+        properties or keys, a record that ends in the warm pages) is encoded and written in one
+        compiled call under the lock; any other, or where that is not built, goes through
+        `_append`, which validates it and raises as documented."""
+        state = self._put_state
+        if state is not None:
+            with self._append_lock:
+                if self._closed:
+                    raise StoreClosedError("the store is closed")
+                result = _put_common(state, message)
+            if result is not None:
+                return result
+        return self._append((message,))[0][0]
 
     def _append(self, messages) -> tuple[list[PutResult], int]:
         if self._closed:
