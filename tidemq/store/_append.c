@@ -51,6 +51,37 @@ static inline unsigned char *put64(unsigned char *p, uint64_t v) {
     return p + 8;
 }
 
+/* A record's fields from TOTALSIZE through its topic (spec §1), at p; returns where the properties'
+   length goes.  The host fields' widths come from the byte strings (4 or 16 bytes). */
+static unsigned char *write_head(unsigned char *p, long long size, long long magic, long long body_crc,
+                                 long long queue_id, long long flag, long long queue_offset, long long offset,
+                                 long long sysflag_word, long long born_timestamp, PyObject *born_ip,
+                                 long long born_port, long long store_timestamp, PyObject *store_ip,
+                                 long long store_port, long long reconsume_times, long long prepared_offset,
+                                 PyObject *body, Py_ssize_t body_len, PyObject *topic_part) {
+    p = put32(p, (uint32_t)size);
+    p = put32(p, (uint32_t)magic);
+    p = put32(p, (uint32_t)body_crc);
+    p = put32(p, (uint32_t)queue_id);
+    p = put32(p, (uint32_t)flag);
+    p = put64(p, (uint64_t)queue_offset);
+    p = put64(p, (uint64_t)offset);
+    p = put32(p, (uint32_t)sysflag_word);
+    p = put64(p, (uint64_t)born_timestamp);
+    memcpy(p, PyBytes_AS_STRING(born_ip), PyBytes_GET_SIZE(born_ip));
+    p = put32(p + PyBytes_GET_SIZE(born_ip), (uint32_t)born_port);
+    p = put64(p, (uint64_t)store_timestamp);
+    memcpy(p, PyBytes_AS_STRING(store_ip), PyBytes_GET_SIZE(store_ip));
+    p = put32(p + PyBytes_GET_SIZE(store_ip), (uint32_t)store_port);
+    p = put32(p, (uint32_t)reconsume_times);
+    p = put64(p, (uint64_t)prepared_offset);
+    p = put32(p, (uint32_t)body_len);
+    memcpy(p, PyBytes_AS_STRING(body), body_len);
+    p += body_len;
+    memcpy(p, PyBytes_AS_STRING(topic_part), PyBytes_GET_SIZE(topic_part));
+    return p + PyBytes_GET_SIZE(topic_part);
+}
+
 /* An int attribute of `obj` that must fit `bits` signed bits (32 or 64), as struct's 'i'/'q'. */
 static int int_attr(PyObject *obj, PyObject *name, int bits, long long *out) {
     PyObject *value = PyObject_GetAttr(obj, name);
@@ -223,27 +254,10 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
         }
 
         unsigned char *p = (unsigned char *)view.buf + (offset - base);
-        p = put32(p, (uint32_t)size);
-        p = put32(p, (uint32_t)magic);
-        p = put32(p, (uint32_t)body_crc);
-        p = put32(p, (uint32_t)queue_id);
-        p = put32(p, (uint32_t)flag);
-        p = put64(p, (uint64_t)queue_offset);
-        p = put64(p, (uint64_t)offset);
-        p = put32(p, (uint32_t)((sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits));
-        p = put64(p, (uint64_t)born_timestamp);
-        memcpy(p, PyBytes_AS_STRING(born_ip), PyBytes_GET_SIZE(born_ip));
-        p = put32(p + PyBytes_GET_SIZE(born_ip), (uint32_t)born_port);
-        p = put64(p, (uint64_t)store_timestamp);
-        memcpy(p, PyBytes_AS_STRING(store_ip), PyBytes_GET_SIZE(store_ip));
-        p = put32(p + PyBytes_GET_SIZE(store_ip), (uint32_t)store_port);
-        p = put32(p, (uint32_t)reconsume_times);
-        p = put64(p, (uint64_t)prepared_offset);
-        p = put32(p, (uint32_t)body_len);
-        memcpy(p, PyBytes_AS_STRING(body), body_len);
-        p += body_len;
-        memcpy(p, PyBytes_AS_STRING(topic_part), PyBytes_GET_SIZE(topic_part));
-        p += PyBytes_GET_SIZE(topic_part);
+        p = write_head(p, size, magic, body_crc, queue_id, flag, queue_offset, offset,
+                       (sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits, born_timestamp,
+                       born_ip, born_port, store_timestamp, store_ip, store_port, reconsume_times, prepared_offset,
+                       body, body_len, topic_part);
         p[0] = (unsigned char)(properties_len >> 8);
         p[1] = (unsigned char)properties_len;
         memcpy(p + 2, PyBytes_AS_STRING(properties), properties_len);
@@ -709,27 +723,10 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     for (int k = 0; k < 6; k++) PyTuple_SET_ITEM(result, k, items[k]);  /* tuple.__new__(PutResult, fields) */
 
     unsigned char *p = (unsigned char *)view.buf + (offset - base);
-    p = put32(p, (uint32_t)size);
-    p = put32(p, (uint32_t)magic);
-    p = put32(p, (uint32_t)body_crc);
-    p = put32(p, (uint32_t)qid);
-    p = put32(p, (uint32_t)flag);
-    p = put64(p, (uint64_t)queue_offset);
-    p = put64(p, (uint64_t)offset);
-    p = put32(p, (uint32_t)((sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits));
-    p = put64(p, (uint64_t)born_timestamp);
-    memcpy(p, PyBytes_AS_STRING(born_ip), PyBytes_GET_SIZE(born_ip));
-    p = put32(p + PyBytes_GET_SIZE(born_ip), (uint32_t)born_port);
-    p = put64(p, (uint64_t)store_timestamp);
-    memcpy(p, PyBytes_AS_STRING(store_ip), PyBytes_GET_SIZE(store_ip));
-    p = put32(p + PyBytes_GET_SIZE(store_ip), (uint32_t)store_port);
-    p = put32(p, (uint32_t)reconsume_times);
-    p = put64(p, (uint64_t)prepared_offset);
-    p = put32(p, (uint32_t)body_len);
-    memcpy(p, PyBytes_AS_STRING(body), body_len);
-    p += body_len;
-    memcpy(p, PyBytes_AS_STRING(topic_part), PyBytes_GET_SIZE(topic_part));
-    p += PyBytes_GET_SIZE(topic_part);
+    p = write_head(p, size, magic, (long long)body_crc, qid, flag, queue_offset, offset,
+                   (sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits, born_timestamp,
+                   born_ip, born_port, store_timestamp, store_ip, store_port, reconsume_times, prepared_offset,
+                   body, body_len, topic_part);
     *p++ = (unsigned char)(properties_len >> 8);
     *p++ = (unsigned char)properties_len;
     memcpy(p, PyBytes_AS_STRING(uniq_property), PyBytes_GET_SIZE(uniq_property));
