@@ -113,15 +113,7 @@ class Decoder:
                 index = first & 0x3F
                 if index == 0x3F:
                     index, pos = _decode_integer(block, pos, index)
-                if index:
-                    if index >= len(entries):
-                        raise HpackError(self._bad_index(index))
-                    name = entries[index][0][0]
-                else:
-                    name, pos = _decode_string(block, pos, end)
-                value, pos = _decode_string(block, pos, end)
-                field = (name, value)
-                size = len(name) + len(value) + _ENTRY_OVERHEAD
+                field, size, pos = self._literal(block, pos, end, index)
                 self._add(field, size)
             elif first & 0x20:  # dynamic table size update (§6.3)
                 if headers:
@@ -139,15 +131,7 @@ class Decoder:
                 index = first & 0x0F
                 if index == 0x0F:
                     index, pos = _decode_integer(block, pos, index)
-                if index:
-                    if index >= len(entries):
-                        raise HpackError(self._bad_index(index))
-                    name = entries[index][0][0]
-                else:
-                    name, pos = _decode_string(block, pos, end)
-                value, pos = _decode_string(block, pos, end)
-                field = (name, value)
-                size = len(name) + len(value) + _ENTRY_OVERHEAD
+                field, size, pos = self._literal(block, pos, end, index)
             list_size += size
             append(field)
         # Checked once at the end: until then the list holds at most one field per octet of the
@@ -155,6 +139,19 @@ class Decoder:
         if list_size > self._max_header_list_size:
             raise HpackError(f"header list of {list_size} octets, above the {self._max_header_list_size} allowed")
         return headers
+
+    def _literal(self, block: bytes, pos: int, end: int, index: int) -> tuple[tuple[str, str], int, int]:
+        """A literal field's name (entry `index`'s, or the string at `pos` when it is 0) and
+        value: the field, its size and the position after it."""
+        if index:
+            entries = self._entries
+            if index >= len(entries):
+                raise HpackError(self._bad_index(index))
+            name = entries[index][0][0]
+        else:
+            name, pos = _decode_string(block, pos, end)
+        value, pos = _decode_string(block, pos, end)
+        return (name, value), len(name) + len(value) + _ENTRY_OVERHEAD, pos
 
     def _bad_index(self, index: int) -> str:
         return (f"index {index} outside the table ({_STATIC_LENGTH - 1} static and"
