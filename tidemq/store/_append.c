@@ -117,6 +117,32 @@ static int int_item(PyObject *tuple, Py_ssize_t i, long long *out) {
     return 0;
 }
 
+/* A RecordTemplate's `native` tuple: magic, sysflag bits, born ip, born port, store ip, store port,
+   topic part, fixed size. */
+typedef struct {
+    long long magic, sysflag_bits, born_port, store_port, fixed_size;
+    PyObject *born_ip, *store_ip, *topic_part;  /* borrowed from the tuple */
+} Native;
+
+/* 0, or -1 with TypeError when `native` is not such a tuple. */
+static int unpack_native(PyObject *native, Native *n) {
+    if (!PyTuple_Check(native) || PyTuple_GET_SIZE(native) != 8) {
+        PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
+        return -1;
+    }
+    n->born_ip = PyTuple_GET_ITEM(native, 2);
+    n->store_ip = PyTuple_GET_ITEM(native, 4);
+    n->topic_part = PyTuple_GET_ITEM(native, 6);
+    if (int_item(native, 0, &n->magic) < 0 || int_item(native, 1, &n->sysflag_bits) < 0 ||
+        int_item(native, 3, &n->born_port) < 0 || int_item(native, 5, &n->store_port) < 0 ||
+        int_item(native, 7, &n->fixed_size) < 0 || !PyBytes_Check(n->born_ip) || !PyBytes_Check(n->store_ip) ||
+        !PyBytes_Check(n->topic_part)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native holds a wrong type");
+        return -1;
+    }
+    return 0;
+}
+
 /* write_records(buf, base, ready_end, messages, prepared, start, queue_offsets, store_timestamp,
  *               store_host, results, result_type, commit_log) -> index of the first message not
  *               written
@@ -192,22 +218,14 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
 
         PyObject *native = PyObject_GetAttr(template, str_native);
         if (native == NULL) goto error;
-        if (!PyTuple_Check(native) || PyTuple_GET_SIZE(native) != 8) {
+        Native n;
+        if (unpack_native(native, &n) < 0) {
             Py_DECREF(native);
-            PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
             goto error;
         }
-        long long magic, sysflag_bits, born_port, store_port, fixed_size;
-        PyObject *born_ip = PyTuple_GET_ITEM(native, 2), *store_ip = PyTuple_GET_ITEM(native, 4);
-        PyObject *topic_part = PyTuple_GET_ITEM(native, 6);
-        if (int_item(native, 0, &magic) < 0 || int_item(native, 1, &sysflag_bits) < 0 ||
-            int_item(native, 3, &born_port) < 0 || int_item(native, 5, &store_port) < 0 ||
-            int_item(native, 7, &fixed_size) < 0 || !PyBytes_Check(born_ip) || !PyBytes_Check(store_ip) ||
-            !PyBytes_Check(topic_part)) {
-            Py_DECREF(native);
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native holds a wrong type");
-            goto error;
-        }
+        long long magic = n.magic, sysflag_bits = n.sysflag_bits, born_port = n.born_port, store_port = n.store_port;
+        long long fixed_size = n.fixed_size;
+        PyObject *born_ip = n.born_ip, *store_ip = n.store_ip, *topic_part = n.topic_part;
         Py_ssize_t body_len = PyBytes_GET_SIZE(body), properties_len = PyBytes_GET_SIZE(properties);
         long long size = fixed_size + body_len + properties_len;
         if (offset + size > ready_end) {  /* not in warm pages: the Python loop takes it */
@@ -602,20 +620,11 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     Py_INCREF(template);
     GET(native, template, str_native);
-    if (!PyTuple_Check(native) || PyTuple_GET_SIZE(native) != 8) {
-        PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
-        goto done;
-    }
-    long long magic, sysflag_bits, born_port, store_port, fixed_size;
-    PyObject *born_ip = PyTuple_GET_ITEM(native, 2), *store_ip = PyTuple_GET_ITEM(native, 4);
-    PyObject *topic_part = PyTuple_GET_ITEM(native, 6);
-    if (int_item(native, 0, &magic) < 0 || int_item(native, 1, &sysflag_bits) < 0 ||
-        int_item(native, 3, &born_port) < 0 || int_item(native, 5, &store_port) < 0 ||
-        int_item(native, 7, &fixed_size) < 0 || !PyBytes_Check(born_ip) || !PyBytes_Check(store_ip) ||
-        !PyBytes_Check(topic_part)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native holds a wrong type");
-        goto done;
-    }
+    Native nat;
+    if (unpack_native(native, &nat) < 0) goto done;
+    long long magic = nat.magic, sysflag_bits = nat.sysflag_bits, born_port = nat.born_port, store_port = nat.store_port;
+    long long fixed_size = nat.fixed_size;
+    PyObject *born_ip = nat.born_ip, *store_ip = nat.store_ip, *topic_part = nat.topic_part;
     GET(prefix_obj, unique_keys, str_prefix);
     Py_ssize_t prefix_len;
     const char *prefix = PyUnicode_Check(prefix_obj) ? PyUnicode_AsUTF8AndSize(prefix_obj, &prefix_len) : NULL;
