@@ -117,6 +117,25 @@ static int int_item(PyObject *tuple, Py_ssize_t i, long long *out) {
     return 0;
 }
 
+/* The next unique key: `prefix` then the counter's next value, masked to 48 bits, as 12 uppercase hex
+   digits, written to `text` (room for prefix_len + 12) and returned as a str; NULL with an exception
+   set on failure. */
+static PyObject *next_unique_key(PyObject *counter, const char *prefix, Py_ssize_t prefix_len, char *text) {
+    PyObject *count = PyIter_Next(counter);
+    if (count == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the unique-key counter is exhausted");
+        return NULL;
+    }
+    unsigned long long n = PyLong_AsUnsignedLongLongMask(count);
+    Py_DECREF(count);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    n &= 0xFFFFFFFFFFFFULL;
+    static const char hex[] = "0123456789ABCDEF";
+    memcpy(text, prefix, prefix_len);
+    for (int k = 11; k >= 0; k--, n >>= 4) text[prefix_len + k] = hex[n & 0xF];
+    return PyUnicode_FromStringAndSize(text, prefix_len + 12);
+}
+
 /* A RecordTemplate's `native` tuple: magic, sysflag bits, born ip, born port, store ip, store port,
    topic part, fixed size. */
 typedef struct {
@@ -350,7 +369,7 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
                                 PyObject *uniq_property, PyObject *key_prefix, PyObject *counter,
                                 PyObject *crc32, long long segment_size) {
     PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *attr = NULL, *key = NULL, *result = NULL;
-    PyObject *unique_key = NULL, *properties_bytes = NULL, *crc = NULL, *count = NULL;
+    PyObject *unique_key = NULL, *properties_bytes = NULL, *crc = NULL;
     PyObject *suffix = NULL, *template = NULL;  /* owned here: getting later attributes may run Python */
     int common = 0;
 #define GET(var, name) if ((var = PyObject_GetAttr(message, name)) == NULL) goto done
@@ -419,24 +438,12 @@ static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long 
     if (properties_len > 32767 || fixed_size + PyBytes_GET_SIZE(body) + properties_len + 8 > segment_size)
         goto done_common;  /* the Python encoder raises the error */
 
-    /* UNIQ_KEY: the prefix and the next count, masked to 48 bits, as 12 uppercase hex digits */
-    count = PyIter_Next(counter);
-    if (count == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the unique-key counter is exhausted");
-        goto done;
-    }
-    unsigned long long n = PyLong_AsUnsignedLongLongMask(count);
-    if (n == (unsigned long long)-1 && PyErr_Occurred()) goto done;
-    n &= 0xFFFFFFFFFFFFULL;
     char text[128];
     if (prefix_len > 100) {
         PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
         goto done;
     }
-    memcpy(text, prefix, prefix_len);
-    static const char hex[] = "0123456789ABCDEF";
-    for (int k = 11; k >= 0; k--, n >>= 4) text[prefix_len + k] = hex[n & 0xF];
-    unique_key = PyUnicode_FromStringAndSize(text, prefix_len + 12);
+    unique_key = next_unique_key(counter, prefix, prefix_len, text);
     if (unique_key == NULL) goto done;
     properties_bytes = PyBytes_FromStringAndSize(NULL, properties_len);
     if (properties_bytes == NULL) goto done;
@@ -457,7 +464,7 @@ done_common:
 done:
 #undef GET
     Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(attr); Py_XDECREF(key);
-    Py_XDECREF(unique_key); Py_XDECREF(properties_bytes); Py_XDECREF(crc); Py_XDECREF(count);
+    Py_XDECREF(unique_key); Py_XDECREF(properties_bytes); Py_XDECREF(crc);
     Py_XDECREF(suffix); Py_XDECREF(template);
     if (common && !PyErr_Occurred()) Py_RETURN_NONE;
     return result;
@@ -548,7 +555,7 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
      * reference taken is released at `done`. */
     PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *born_obj = NULL, *attr = NULL, *born_host = NULL;
     PyObject *key = NULL, *template = NULL, *suffix = NULL, *native = NULL, *prefix_obj = NULL, *counter = NULL;
-    PyObject *segment = NULL, *mm = NULL, *result = NULL, *unique_key = NULL, *count = NULL, *crc = NULL;
+    PyObject *segment = NULL, *mm = NULL, *result = NULL, *unique_key = NULL, *crc = NULL;
     Py_buffer view = {0};
     int have_view = 0;
     long long flag, sysflag, reconsume_times, prepared_offset, born_timestamp = 0, qid;
@@ -693,19 +700,8 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (store_timestamp == -1 && PyErr_Occurred()) goto done;
     }
     if (born_obj == Py_None) born_timestamp = store_timestamp;  /* the producer's time is unknown */
-    count = PyIter_Next(counter);
-    if (count == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the unique-key counter is exhausted");
-        goto done;
-    }
-    unsigned long long n = PyLong_AsUnsignedLongLongMask(count);
-    if (n == (unsigned long long)-1 && PyErr_Occurred()) goto done;
-    n &= 0xFFFFFFFFFFFFULL;
     char text[128];
-    memcpy(text, prefix, prefix_len);
-    static const char hex[] = "0123456789ABCDEF";
-    for (int k = 11; k >= 0; k--, n >>= 4) text[prefix_len + k] = hex[n & 0xF];
-    unique_key = PyUnicode_FromStringAndSize(text, prefix_len + 12);
+    unique_key = next_unique_key(counter, prefix, prefix_len, text);
     if (unique_key == NULL) goto done;
     crc = PyObject_CallOneArg(crc32, body);
     if (crc == NULL) goto done;
@@ -764,7 +760,7 @@ done:
     Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(born_obj); Py_XDECREF(attr);
     Py_XDECREF(born_host); Py_XDECREF(key); Py_XDECREF(template); Py_XDECREF(suffix); Py_XDECREF(native);
     Py_XDECREF(prefix_obj); Py_XDECREF(counter); Py_XDECREF(segment); Py_XDECREF(mm); Py_XDECREF(unique_key);
-    Py_XDECREF(count); Py_XDECREF(crc);
+    Py_XDECREF(crc);
     return result;
 }
 
