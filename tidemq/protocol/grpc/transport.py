@@ -24,7 +24,6 @@ import asyncio
 import base64
 import collections
 import logging
-import socket
 import struct
 import time
 import zlib
@@ -40,16 +39,15 @@ CANCELLED_CALLS_WAIT_S = 5.0  # at shutdown, how long cancelled calls get to end
 DEFAULT_MAX_RECEIVE_MESSAGE = 64 << 20
 
 # gRPC status codes
-OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 0, 1, 2, 4, 8, 12, 13, 14
+OK, CANCELLED, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 2, 8, 12, 13
 
 # HTTP/2 frame types, flags, settings and error codes (RFC 9113 §6, §7)
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 1, 2, 3
-SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 4, 5, 6
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 2, 4, 5, 6
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x7, 0x8, 0x9
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 MAX_WINDOW = (1 << 31) - 1
@@ -410,16 +408,9 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.server._connections.add(self)
-        name = transport.get_extra_info("peername")
+        name = transport.get_extra_info("peername")  # (the loop's TCP transports set TCP_NODELAY)
         if name:
-            family = "ipv6" if ":" in name[0] else "ipv4"
-            self.peer = f"ipv6:[{name[0]}]:{name[1]}" if family == "ipv6" else f"ipv4:{name[0]}:{name[1]}"
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+            self.peer = f"ipv6:[{name[0]}]:{name[1]}" if ":" in name[0] else f"ipv4:{name[0]}:{name[1]}"
         transport.write(_SERVER_PREFACE)
         if self.server._stopping:
             self.go_away()
@@ -785,26 +776,13 @@ class _Connection(asyncio.Protocol):
             if written is not None:
                 written.set_result(False)
             return
-        frames = []
         if not rpc.headers_sent:
             rpc.headers_sent = True
-            frames.append(_with_stream(_RESPONSE_HEADERS_FRAME, rpc.stream_id) + _RESPONSE_HEADERS)
-        message = _PREFIX.pack(0, len(data)) + data
-        size = len(message)
-        if not rpc.outbound and size <= self.send_window and size <= rpc.send_window and size <= self.max_send_frame:
-            self.send_window -= size
-            rpc.send_window -= size
-            frames.append(_FRAME.pack(size << 8 | DATA, 0, rpc.stream_id))
-            frames.append(message)
-            self.out.extend(frames)
-            if written is not None:
-                written.set_result(True)
-        else:
-            self.out.extend(frames)
-            if rpc.outbound is None:
-                rpc.outbound = collections.deque()
-            rpc.outbound.append((message, written))
-            self._send_outbound(rpc)
+            self.out += (_with_stream(_RESPONSE_HEADERS_FRAME, rpc.stream_id), _RESPONSE_HEADERS)
+        if rpc.outbound is None:
+            rpc.outbound = collections.deque()
+        rpc.outbound.append((_PREFIX.pack(0, len(data)) + data, written))
+        self._send_outbound(rpc)
         self._schedule_flush()
 
     def finish(self, rpc: Rpc, code: int, details: str = "", message: bytes | None = None) -> None:
@@ -951,8 +929,6 @@ class _Connection(asyncio.Protocol):
     def _fail(self, code: int, reason: str) -> None:
         log.warning("closing gRPC connection from %s: %s", self.peer, reason)
         self.out.append(_frame(GOAWAY, 0, 0, _GOAWAY.pack(self.last_stream_id, code) + reason.encode()[:256]))
-        self.flush()
-        self.closed = True
-        self.transport.close()
+        self.close()
         self.server._connections.discard(self)
         self.cancel_all()
