@@ -287,8 +287,7 @@ class MessageStore:
         group_commit = self.group_commit
         if group_commit is None and on_durable is None:  # async flush: written is stored
             result = self._append_one(message)
-            if not self._dispatch_event_set:
-                self._wake_dispatcher()
+            self._wake_dispatcher()
             return result
         blocking = group_commit is not None and on_durable is None
         if blocking:
