@@ -97,14 +97,18 @@ def expected_index(requests: list[DispatchRequest]):
 
 
 def check_agrees(buf, start: int, stop: int, base: int) -> None:
-    """Both ways `scan` works, vectorized and one record at a time, agree with the codec."""
-    default = scan_module.SMALL_SCAN
+    """Every way `scan` works agrees with the codec: the compiled walk (where it is built), and
+    the NumPy walk vectorized and one record at a time."""
+    default, compiled = scan_module.SMALL_SCAN, scan_module.COMPILED
     try:
+        if compiled:
+            check_agrees_once(buf, start, stop, base)
+        scan_module.COMPILED = False
         for threshold in (0, 1 << 30):
             scan_module.SMALL_SCAN = threshold
             check_agrees_once(buf, start, stop, base)
     finally:
-        scan_module.SMALL_SCAN = default
+        scan_module.SMALL_SCAN, scan_module.COMPILED = default, compiled
 
 
 def check_agrees_once(buf, start: int, stop: int, base: int) -> None:

@@ -67,7 +67,7 @@ class DispatchRequest:
     @classmethod
     def from_columns(cls, columns: RecordColumns, i: int) -> "DispatchRequest":
         return cls(
-            columns.topics[i],
+            columns.topic(i),
             int(columns.queue_ids[i]),
             int(columns.offsets[i]),
             int(columns.sizes[i]),

@@ -12,7 +12,7 @@ for every record as NumPy columns:
     sysflags          i32   SYSFLAG           at +36
     store_timestamps  i64   STORETIMESTAMP    at +56, or +68 after an IPv6 born host
     tags_codes        i64   Java hash of the TAGS property, 0 without one
-    topics            list[str], and topic_ids (i32, equal ids for equal topics within a scan)
+    topic_ids         i32, equal ids for equal topics within a scan, and topic_names by id
     properties_starts / properties_ends: where each record's properties lie in the buffer,
                       decoded lazily (`properties`, `unique_key`, `keys`, `index_keys`)
 
@@ -50,8 +50,17 @@ from .record import (
     TRANSACTION_TYPE_MASK,
     decode_properties,
     decode_topic,
+    java_string_hash,
     tags_code,
 )
+
+try:
+    from ._scan import scan_into as _scan_into
+except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
+    _scan_into = None
+
+# whether `scan` runs the compiled walk; tests switch it off to cross-check the NumPy path
+COMPILED = _scan_into is not None
 
 MIN_RECORD_SIZE = 91  # v1, IPv4 hosts, empty body, topic and properties
 HEADER_SIZE_V4 = 88  # TOTALSIZE .. BODYLEN with IPv4 hosts; each IPv6 host adds 12
@@ -82,9 +91,8 @@ class RecordColumns:
     sysflags: np.ndarray
     store_timestamps: np.ndarray
     tags_codes: np.ndarray
-    topics: list[str]
     topic_ids: np.ndarray  # i32: rows with equal topics have equal ids (within this scan)
-    topic_names: list[str]  # topic_names[topic_ids[i]] == topics[i]
+    topic_names: list[str]  # topic_names[topic_ids[i]] is row i's topic
     properties_starts: np.ndarray
     properties_ends: np.ndarray
     # per row: [first, last) of the UNIQ_KEY and KEYS values, or -1 (found with the TAGS when
@@ -93,7 +101,10 @@ class RecordColumns:
     keys_ranges: tuple[np.ndarray, np.ndarray] | None
 
     def __len__(self) -> int:
-        return len(self.topics)
+        return len(self.positions)
+
+    def topic(self, i: int) -> str:
+        return self.topic_names[self.topic_ids[i]]
 
     def properties(self, i: int) -> dict[str, str]:
         """Row `i`'s properties, decoded as `record.decode` does."""
@@ -115,7 +126,7 @@ class RecordColumns:
         hashes: list[int] = []
         rows: list[int] = []
         for i in np.flatnonzero(indexed).tolist():
-            topic = self.topics[i]
+            topic = self.topic(i)
             for key in index_keys_in(self.buffer, int(self.properties_starts[i]), int(self.properties_ends[i])):
                 hashes.append(key_hash(index_key(topic, key)))
                 rows.append(i)
@@ -148,7 +159,7 @@ class RecordColumns:
 def _empty(buf, base_offset: int, end: int) -> RecordColumns:
     i64 = np.zeros(0, np.int64)
     i32 = np.zeros(0, np.int32)
-    return RecordColumns(buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, [], i32, [], i64, i64,
+    return RecordColumns(buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, i32, [], i64, i64,
                          (i64, i64), (i64, i64))
 
 
@@ -191,6 +202,8 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     if isinstance(buf, (bytearray, memoryview)):
         buf = bytes(buf)  # slices must be hashable bytes; the hot path scans mmaps
     stop = min(stop, len(buf))
+    if COMPILED:
+        return _scan_compiled(buf, start, stop, base_offset, stop if soft_stop is None else soft_stop)
     positions = _walk(buf, start, stop, stop if soft_stop is None else soft_stop)
     if not positions:
         return _empty(buf, base_offset, base_offset + start)
@@ -233,7 +246,6 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     finally:
         del i8, i4, i2, u1  # release the buffer exports: the caller may close the mapping
     # per-record work: the topic
-    topics: list[str] = []
     topic_ids: list[int] = []
     names: dict[str, int] = {}
     for i, (t0, t1) in enumerate(zip(topic_at[:count].tolist(), (properties_at[:count] - 2).tolist())):
@@ -242,7 +254,6 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         except UnicodeDecodeError:
             count = i  # record.decode calls this record Invalid
             break
-        topics.append(topic)
         tid = names.get(topic)
         if tid is None:
             tid = names[topic] = len(names)
@@ -266,13 +277,59 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         sysflags=sysflags[:count].astype(np.int32),
         store_timestamps=store_timestamps[:count],
         tags_codes=codes,
-        topics=topics,
         topic_ids=np.array(topic_ids, dtype=np.int32),
         topic_names=list(names),
         properties_starts=properties_at[:count],
         properties_ends=ends[:count],
         unique_key_ranges=ranges[1] if keys else None,
         keys_ranges=ranges[2] if keys else None,
+    )
+
+
+def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int) -> RecordColumns:
+    """`scan` by the compiled walk (`_scan.scan_into`, which documents the columns it fills):
+    every field and check in one pass, the value ranges of UNIQ_KEY and KEYS included.  Python
+    decodes each distinct topic once and hashes the few TAGS values that are not ASCII."""
+    limit = min(stop - MIN_RECORD_SIZE + 1, soft_stop)
+    capacity = (limit - start + MIN_RECORD_SIZE - 1) // MIN_RECORD_SIZE  # records that can start before limit
+    if capacity <= 0:
+        return _empty(buf, base_offset, base_offset + start)
+    wide = np.empty((10, capacity), np.int64)
+    narrow = np.empty((5, capacity), np.int32)
+    count, end, raw_topics = _scan_into(buf, start, stop, soft_stop, base_offset, wide, narrow)
+    names: list[str] = []
+    for raw in raw_topics:
+        try:
+            names.append(decode_topic(raw))
+        except UnicodeDecodeError:  # record.decode calls its first record Invalid: stop there
+            count = int(np.argmax(narrow[3, :count] == len(names)))
+            end = int(wide[0, count])
+            break
+    if not count:
+        return _empty(buf, base_offset, base_offset + start)
+    positions, queue_offsets, timestamps, codes, starts, ends, uniq_first, uniq_last, keys_first, keys_last = wide[:, :count]
+    sizes, queue_ids, sysflags, topic_ids, final_codes = narrow[:, :count]
+    for k in np.flatnonzero(final_codes == 0).tolist():
+        tags = property_value(buf, int(starts[k]), int(ends[k]), PROPERTY_TAGS)
+        codes[k] = java_string_hash(tags) if tags else 0
+    return RecordColumns(
+        buffer=buf,
+        base_offset=base_offset,
+        end=base_offset + end,
+        positions=positions,
+        offsets=positions + base_offset,
+        sizes=sizes,
+        queue_ids=queue_ids,
+        queue_offsets=queue_offsets,
+        sysflags=sysflags,
+        store_timestamps=timestamps,
+        tags_codes=codes,
+        topic_ids=topic_ids,
+        topic_names=names,
+        properties_starts=starts,
+        properties_ends=ends,
+        unique_key_ranges=(uniq_first, uniq_last),
+        keys_ranges=(keys_first, keys_last),
     )
 
 
@@ -343,7 +400,6 @@ def _scan_small(buf, positions: list[int], base_offset: int) -> RecordColumns:
         sysflags=np.array(sysflags, dtype=np.int32),
         store_timestamps=np.array(store_timestamps, dtype=np.int64),
         tags_codes=np.array(codes, dtype=np.int64),
-        topics=topics,
         topic_ids=np.array(topic_ids, dtype=np.int32),
         topic_names=list(names),
         properties_starts=np.array(starts, dtype=np.int64),

@@ -1,0 +1,317 @@
+/* tidemq.store._scan: the record walk of `scan.scan`, compiled.
+ *
+ * `scan_into(buf, start, stop, soft_stop, base_offset, wide, narrow)` walks the TOTALSIZE chain of
+ * `buf` from `start` (a record boundary) exactly as scan.py's NumPy path does, with the same checks
+ * (those of `record.decode(..., check_crc=False)`, PHYSICALOFFSET included), and fills one column
+ * row per record.  `wide` is a C-contiguous int64 array of shape (10, capacity), `narrow` an int32
+ * array of shape (5, capacity):
+ *
+ *   wide[0] position in buf    wide[1] QUEUEOFFSET        wide[2] STORETIMESTAMP
+ *   wide[3] TAGS code          wide[4] properties start   wide[5] properties end (= record end)
+ *   wide[6..7] [first, last) of the UNIQ_KEY value, wide[8..9] of the KEYS value, or -1
+ *   narrow[0] TOTALSIZE        narrow[1] QUEUEID          narrow[2] SYSFLAG
+ *   narrow[3] topic id (equal ids for equal topic bytes, numbered in order of first appearance)
+ *   narrow[4] 1 if the TAGS code is final, 0 if the value holds non-ASCII bytes (the caller hashes
+ *             the decoded text: Java's hash runs over UTF-16 units)
+ *
+ * Properties are `name \x01 value \x02 ...`: segments split on \x02, a segment's name runs to its
+ * first \x01, and the last segment of a name wins (record.decode_properties).
+ *
+ * Returns (count, end, topics): the rows filled, the buffer position where the walk stopped (the
+ * end of the last record taken, or `start`), and the distinct topics' raw bytes by id.  A record is
+ * taken only if it starts before `soft_stop` and before stop - 90, ends at or before `stop`, and
+ * passes every check; the walk stops at the first that does not, or when `capacity` rows are full.
+ * Topic bytes are not decoded here: the caller cuts the rows at the first topic that is not UTF-8.
+ *
+ * The walk runs without the GIL: the buffers stay exported for its duration.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIN_RECORD_SIZE 91
+#define HEADER_SIZE_V4 88
+#define MAGIC_V1 ((int32_t)0xDAA320A7)
+#define MAGIC_V2 ((int32_t)0xDAA320AB)
+#define FLAG_BORNHOST_V6 0x10
+#define FLAG_STOREHOST_V6 0x20
+#define WIDE_COLUMNS 10
+#define NARROW_COLUMNS 5
+
+static const char NAME_TAGS[] = "TAGS";
+static const char NAME_KEYS[] = "KEYS";
+static const char NAME_UNIQ_KEY[] = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX";
+
+static inline int32_t get32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+}
+
+static inline int64_t get64(const unsigned char *p) {
+    return (int64_t)(((uint64_t)(uint32_t)get32(p) << 32) | (uint64_t)(uint32_t)get32(p + 4));
+}
+
+/* The distinct topics of one scan: ids in order of first appearance, found by an open-addressing
+   table of FNV-1a hashes of the bytes. */
+typedef struct {
+    Py_ssize_t *at;    /* per id: position of its bytes in the buffer */
+    Py_ssize_t *len;   /* per id: their length */
+    int32_t *slots;    /* id + 1, or 0 for an empty slot */
+    uint32_t *hashes;  /* per id */
+    Py_ssize_t count, capacity, mask;
+} TopicTable;
+
+static uint32_t fnv1a(const unsigned char *p, Py_ssize_t n) {
+    uint32_t h = 2166136261u;
+    for (Py_ssize_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+static int table_init(TopicTable *t) {
+    t->count = 0;
+    t->capacity = 16;
+    t->mask = 63;
+    t->at = malloc(t->capacity * sizeof(Py_ssize_t));
+    t->len = malloc(t->capacity * sizeof(Py_ssize_t));
+    t->hashes = malloc(t->capacity * sizeof(uint32_t));
+    t->slots = calloc(t->mask + 1, sizeof(int32_t));
+    return t->at && t->len && t->hashes && t->slots ? 0 : -1;
+}
+
+static void table_free(TopicTable *t) {
+    free(t->at);
+    free(t->len);
+    free(t->hashes);
+    free(t->slots);
+}
+
+/* Slots hold at most a quarter of their number of ids: grow both when the id arrays are full. */
+static int table_grow(TopicTable *t) {
+    Py_ssize_t capacity = t->capacity * 2, mask = t->mask * 2 + 1;
+    Py_ssize_t *at = realloc(t->at, capacity * sizeof(Py_ssize_t));
+    if (!at) return -1;
+    t->at = at;
+    Py_ssize_t *len = realloc(t->len, capacity * sizeof(Py_ssize_t));
+    if (!len) return -1;
+    t->len = len;
+    uint32_t *hashes = realloc(t->hashes, capacity * sizeof(uint32_t));
+    if (!hashes) return -1;
+    t->hashes = hashes;
+    int32_t *slots = calloc(mask + 1, sizeof(int32_t));
+    if (!slots) return -1;
+    for (Py_ssize_t id = 0; id < t->count; id++) {
+        Py_ssize_t s = t->hashes[id] & mask;
+        while (slots[s]) s = (s + 1) & mask;
+        slots[s] = (int32_t)(id + 1);
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->capacity = capacity;
+    t->mask = mask;
+    return 0;
+}
+
+/* The id of the topic bytes buf[at:at + n], added if new; -1 if out of memory. */
+static Py_ssize_t table_id(TopicTable *t, const unsigned char *buf, Py_ssize_t at, Py_ssize_t n) {
+    uint32_t h = fnv1a(buf + at, n);
+    Py_ssize_t s = h & t->mask;
+    while (t->slots[s]) {
+        Py_ssize_t id = t->slots[s] - 1;
+        if (t->hashes[id] == h && t->len[id] == n && memcmp(buf + t->at[id], buf + at, n) == 0) return id;
+        s = (s + 1) & t->mask;
+    }
+    if (t->count == t->capacity) {
+        if (table_grow(t) < 0) return -1;
+        s = h & t->mask;
+        while (t->slots[s]) s = (s + 1) & t->mask;
+    }
+    Py_ssize_t id = t->count++;
+    t->at[id] = at;
+    t->len[id] = n;
+    t->hashes[id] = h;
+    t->slots[s] = (int32_t)(id + 1);
+    return id;
+}
+
+static inline int is_name(const unsigned char *p, Py_ssize_t n, const char *name, Py_ssize_t name_len) {
+    return n == name_len && memcmp(p, name, n) == 0;
+}
+
+/* The value ranges of TAGS, UNIQ_KEY and KEYS in the properties buf[first:last]: ranges[0..5]. */
+static void find_properties(const unsigned char *buf, Py_ssize_t first, Py_ssize_t last, int64_t *ranges) {
+    for (int i = 0; i < 6; i++) ranges[i] = -1;
+    Py_ssize_t s = first;
+    while (s < last) {
+        const unsigned char *sep = memchr(buf + s, 2, last - s);
+        Py_ssize_t segment_end = sep ? sep - buf : last;
+        const unsigned char *eq = memchr(buf + s, 1, segment_end - s);
+        if (eq) {
+            Py_ssize_t name_len = eq - (buf + s), value = eq - buf + 1;
+            int slot = -1;
+            if (is_name(buf + s, name_len, NAME_TAGS, sizeof(NAME_TAGS) - 1)) slot = 0;
+            else if (is_name(buf + s, name_len, NAME_UNIQ_KEY, sizeof(NAME_UNIQ_KEY) - 1)) slot = 2;
+            else if (is_name(buf + s, name_len, NAME_KEYS, sizeof(NAME_KEYS) - 1)) slot = 4;
+            if (slot >= 0) {
+                ranges[slot] = value;
+                ranges[slot + 1] = segment_end;
+            }
+        }
+        s = segment_end + 1;
+    }
+}
+
+typedef struct {
+    const unsigned char *buf;
+    Py_ssize_t start, stop, soft_stop, capacity;
+    int64_t base_offset;
+    int64_t *wide;
+    int32_t *narrow;
+    TopicTable topics;
+    Py_ssize_t count, end;
+    int failed;  /* out of memory */
+} Walk;
+
+static void walk(Walk *w) {
+    const unsigned char *buf = w->buf;
+    Py_ssize_t cap = w->capacity, pos = w->start, stop = w->stop;
+    Py_ssize_t limit = stop - MIN_RECORD_SIZE + 1;
+    if (w->soft_stop < limit) limit = w->soft_stop;
+    int64_t *positions = w->wide, *queue_offsets = w->wide + cap, *timestamps = w->wide + 2 * cap,
+            *codes = w->wide + 3 * cap, *props = w->wide + 4 * cap, *ends = w->wide + 5 * cap,
+            *key_ranges = w->wide + 6 * cap;
+    int32_t *sizes = w->narrow, *queue_ids = w->narrow + cap, *sysflags = w->narrow + 2 * cap,
+            *topic_ids = w->narrow + 3 * cap, *final_codes = w->narrow + 4 * cap;
+    Py_ssize_t n = 0, last_topic_at = -1, last_topic_len = -1, last_topic_id = -1;
+    while (pos < limit && n < cap) {
+        const unsigned char *r = buf + pos;
+        int32_t size = get32(r);
+        if (size < MIN_RECORD_SIZE || pos + size > stop) break;
+        Py_ssize_t end = pos + size;
+        int32_t magic = get32(r + 4), sysflag = get32(r + 36);
+        int v2 = magic == MAGIC_V2;
+        Py_ssize_t header = HEADER_SIZE_V4 + ((sysflag & FLAG_BORNHOST_V6) ? 12 : 0) + ((sysflag & FLAG_STOREHOST_V6) ? 12 : 0);
+        if (!(v2 || magic == MAGIC_V1) || header + 3 > size || get64(r + 28) != (int64_t)pos + w->base_offset) break;
+        int32_t body_length = get32(r + header - 4);
+        if (body_length < 0) break;
+        Py_ssize_t topic_length_at = pos + header + body_length;
+        if (topic_length_at + 1 + v2 > end) break;
+        Py_ssize_t topic_length = v2 ? (int16_t)((buf[topic_length_at] << 8) | buf[topic_length_at + 1]) : buf[topic_length_at];
+        Py_ssize_t topic_at = topic_length_at + 1 + v2, properties_at = topic_at + topic_length + 2;
+        if (topic_length < 0 || properties_at > end) break;
+        Py_ssize_t properties_length = (int16_t)((buf[properties_at - 2] << 8) | buf[properties_at - 1]);
+        if (properties_length < 0 || properties_at + properties_length != end) break;
+        Py_ssize_t topic_id;
+        if (topic_length == last_topic_len && memcmp(buf + topic_at, buf + last_topic_at, topic_length) == 0) {
+            topic_id = last_topic_id;
+        } else {
+            topic_id = table_id(&w->topics, buf, topic_at, topic_length);
+            if (topic_id < 0) {
+                w->failed = 1;
+                break;
+            }
+            last_topic_at = topic_at;
+            last_topic_len = topic_length;
+            last_topic_id = topic_id;
+        }
+        int64_t ranges[6];
+        find_properties(buf, properties_at, end, ranges);
+        uint32_t hash = 0;
+        int32_t final = 1;
+        for (int64_t i = ranges[0]; i < ranges[1]; i++) {
+            if (buf[i] >= 0x80) final = 0;
+            hash = hash * 31u + buf[i];
+        }
+        positions[n] = pos;
+        queue_offsets[n] = get64(r + 20);
+        timestamps[n] = get64(r + ((sysflag & FLAG_BORNHOST_V6) ? 68 : 56));
+        codes[n] = ranges[0] >= 0 ? (int64_t)(int32_t)hash : 0;
+        props[n] = properties_at;
+        ends[n] = end;
+        for (int k = 0; k < 4; k++) key_ranges[k * cap + n] = ranges[2 + k];
+        sizes[n] = size;
+        queue_ids[n] = get32(r + 12);
+        sysflags[n] = sysflag;
+        topic_ids[n] = (int32_t)topic_id;
+        final_codes[n] = final;
+        n++;
+        pos = end;
+    }
+    w->count = n;
+    w->end = pos;
+}
+
+static int writable_column_block(Py_buffer *view, Py_ssize_t rows, Py_ssize_t itemsize, const char *name) {
+    if (!PyBuffer_IsContiguous(view, 'C') || view->itemsize != itemsize || view->len % (rows * itemsize) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous array of %zd-byte items with %zd rows", name, itemsize, rows);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *scan_into(PyObject *self, PyObject *args) {
+    Py_buffer data, wide, narrow;
+    Py_ssize_t start, stop, soft_stop;
+    long long base_offset;
+    if (!PyArg_ParseTuple(args, "y*nnnLw*w*", &data, &start, &stop, &soft_stop, &base_offset, &wide, &narrow)) return NULL;
+    PyObject *result = NULL;
+    Walk w = {0};
+    if (writable_column_block(&wide, WIDE_COLUMNS, 8, "wide") < 0 || writable_column_block(&narrow, NARROW_COLUMNS, 4, "narrow") < 0)
+        goto done;
+    w.capacity = wide.len / (WIDE_COLUMNS * 8);
+    if (narrow.len / (NARROW_COLUMNS * 4) != w.capacity) {
+        PyErr_SetString(PyExc_ValueError, "wide and narrow must have the same capacity");
+        goto done;
+    }
+    if (start < 0 || stop > data.len || start > stop) {
+        PyErr_Format(PyExc_ValueError, "range [%zd, %zd) is not within the buffer of %zd bytes", start, stop, data.len);
+        goto done;
+    }
+    if (table_init(&w.topics) < 0) {
+        table_free(&w.topics);
+        PyErr_NoMemory();
+        goto done;
+    }
+    w.buf = data.buf;
+    w.start = start;
+    w.stop = stop;
+    w.soft_stop = soft_stop;
+    w.base_offset = base_offset;
+    w.wide = wide.buf;
+    w.narrow = narrow.buf;
+    Py_BEGIN_ALLOW_THREADS
+    walk(&w);
+    Py_END_ALLOW_THREADS
+    if (w.failed) {
+        PyErr_NoMemory();
+    } else {
+        PyObject *topics = PyList_New(w.topics.count);
+        if (topics) {
+            for (Py_ssize_t id = 0; id < w.topics.count; id++) {
+                PyObject *raw = PyBytes_FromStringAndSize((const char *)w.buf + w.topics.at[id], w.topics.len[id]);
+                if (!raw) {
+                    Py_CLEAR(topics);
+                    break;
+                }
+                PyList_SET_ITEM(topics, id, raw);
+            }
+        }
+        if (topics) result = Py_BuildValue("nnN", w.count, w.end, topics);
+    }
+    table_free(&w.topics);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&wide);
+    PyBuffer_Release(&narrow);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tidemq.store._scan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
