@@ -307,8 +307,134 @@ done:
     return result;
 }
 
+/* One key's entry: abs(Java hash of "topic#key") as IndexFile keeps it (Integer.MIN_VALUE as 0),
+   from the topic's prefix hash (of "topic#") and the key's bytes; -1 if a byte is not ASCII. */
+static int64_t key_entry_hash(uint32_t prefix, const unsigned char *p, Py_ssize_t n) {
+    uint32_t h = prefix;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] >= 0x80) return -1;
+        h = h * 31u + p[i];
+    }
+    int32_t v = (int32_t)h;
+    return v == INT32_MIN ? 0 : (v < 0 ? -(int64_t)v : v);
+}
+
+typedef struct {
+    int32_t *hashes;
+    int64_t *rows;
+    Py_ssize_t count, capacity;
+} Entries;
+
+static int entries_add(Entries *e, int64_t hash, int64_t row) {
+    if (e->count == e->capacity) {
+        Py_ssize_t capacity = e->capacity ? e->capacity * 2 : 1024;
+        int32_t *hashes = PyMem_Realloc(e->hashes, capacity * sizeof(int32_t));
+        if (!hashes) return -1;
+        e->hashes = hashes;
+        int64_t *rows = PyMem_Realloc(e->rows, capacity * sizeof(int64_t));
+        if (!rows) return -1;
+        e->rows = rows;
+        e->capacity = capacity;
+    }
+    e->hashes[e->count] = (int32_t)hash;
+    e->rows[e->count++] = row;
+    return 0;
+}
+
+/* A key the caller hashes from its decoded text (it or its topic is not ASCII): its entry is
+   added with hash 0 and (entry, row, first, last) goes to `slow`. */
+static int add_key(Entries *e, PyObject *slow, uint32_t prefix, int ascii_topic, const unsigned char *buf,
+                   Py_ssize_t row, Py_ssize_t first, Py_ssize_t last) {
+    int64_t hash = ascii_topic ? key_entry_hash(prefix, buf + first, last - first) : -1;
+    if (hash < 0) {
+        PyObject *item = Py_BuildValue("nnnn", e->count, row, first, last);
+        if (!item || PyList_Append(slow, item) < 0) {
+            Py_XDECREF(item);
+            return -1;
+        }
+        Py_DECREF(item);
+        hash = 0;
+    }
+    return entries_add(e, hash, row);
+}
+
+static int column(Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t rows, const char *name) {
+    if (!PyBuffer_IsContiguous(view, 'C') || view->len != rows * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s must be a contiguous column of %zd %zd-byte items", name, rows, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+/* index_entries(buf, uniq_first, uniq_last, keys_first, keys_last, sysflags, topic_ids, prefixes,
+   ascii_topics) -> (hashes, rows, slow): the key index's entries of a scan's rows, in order: for
+   each record that is not a ROLLBACK, its UNIQ_KEY, then each non-empty space-separated KEYS
+   entry.  The range columns are int64 ([first, last) or -1), sysflags and topic_ids int32;
+   prefixes (uint32) and ascii_topics (uint8) are per topic id.  `hashes` (int32) and `rows`
+   (int64, the record of each entry) come back as bytes; `slow` lists the entries to hash from
+   text, as (entry, row, first, last). */
+static PyObject *index_entries(PyObject *self, PyObject *args) {
+    Py_buffer data, uf, ul, kf, kl, flags, tids, prefixes, ascii;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*", &data, &uf, &ul, &kf, &kl, &flags, &tids, &prefixes, &ascii))
+        return NULL;
+    Py_buffer *views[] = {&data, &uf, &ul, &kf, &kl, &flags, &tids, &prefixes, &ascii};
+    PyObject *result = NULL, *slow = NULL;
+    Entries e = {0};
+    Py_ssize_t n = uf.len / 8, topics = ascii.len;
+    if (column(&uf, 8, n, "uniq_first") < 0 || column(&ul, 8, n, "uniq_last") < 0 || column(&kf, 8, n, "keys_first") < 0 ||
+        column(&kl, 8, n, "keys_last") < 0 || column(&flags, 4, n, "sysflags") < 0 || column(&tids, 4, n, "topic_ids") < 0 ||
+        column(&prefixes, 4, topics, "prefixes") < 0 || column(&ascii, 1, topics, "ascii_topics") < 0)
+        goto done;
+    slow = PyList_New(0);
+    if (!slow) goto done;
+    const unsigned char *buf = data.buf;
+    const int64_t *uniq_first = uf.buf, *uniq_last = ul.buf, *keys_first = kf.buf, *keys_last = kl.buf;
+    const int32_t *sysflags = flags.buf, *topic_ids = tids.buf;
+    const uint32_t *prefix_of = prefixes.buf;
+    const unsigned char *ascii_topic = ascii.buf;
+    for (Py_ssize_t row = 0; row < n; row++) {
+        if ((sysflags[row] & 0xC) == 0xC) continue;  /* a ROLLBACK is not indexed */
+        int32_t topic = topic_ids[row];
+        if (topic < 0 || topic >= topics) {
+            PyErr_Format(PyExc_ValueError, "row %zd: topic id %d out of range", row, topic);
+            goto done;
+        }
+        Py_ssize_t ranges[2][2] = {{uniq_first[row], uniq_last[row]}, {keys_first[row], keys_last[row]}};
+        for (int k = 0; k < 2; k++) {
+            Py_ssize_t first = ranges[k][0], last = ranges[k][1];
+            if (first < 0 || last <= first) continue;
+            if (last > data.len) {
+                PyErr_Format(PyExc_ValueError, "row %zd: range [%zd, %zd) past the buffer", row, first, last);
+                goto done;
+            }
+            if (k == 0) {
+                if (add_key(&e, slow, prefix_of[topic], ascii_topic[topic], buf, row, first, last) < 0) goto done;
+                continue;
+            }
+            Py_ssize_t at = first;
+            while (at < last) {
+                while (at < last && buf[at] == ' ') at++;
+                Py_ssize_t token = at;
+                while (at < last && buf[at] != ' ') at++;
+                if (at > token && add_key(&e, slow, prefix_of[topic], ascii_topic[topic], buf, row, token, at) < 0) goto done;
+            }
+        }
+    }
+    /* y# makes None of a NULL pointer: no entries are empty bytes */
+    result = Py_BuildValue("y#y#O", e.count ? (const char *)e.hashes : "", e.count * (Py_ssize_t)sizeof(int32_t),
+                           e.count ? (const char *)e.rows : "", e.count * (Py_ssize_t)sizeof(int64_t), slow);
+done:
+    if (!result && !PyErr_Occurred()) PyErr_NoMemory();
+    Py_XDECREF(slow);
+    PyMem_Free(e.hashes);
+    PyMem_Free(e.rows);
+    for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) PyBuffer_Release(views[i]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
+    {"index_entries", index_entries, METH_VARARGS, "The key index's entries of scanned rows (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -55,9 +55,9 @@ from .record import (
 )
 
 try:
-    from ._scan import scan_into as _scan_into
+    from ._scan import index_entries as _index_entries, scan_into as _scan_into
 except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
-    _scan_into = None
+    _index_entries = _scan_into = None
 
 # whether `scan` runs the compiled walk; tests switch it off to cross-check the NumPy path
 COMPILED = _scan_into is not None
@@ -133,12 +133,32 @@ class RecordColumns:
         taken = np.array(rows, dtype=np.int64)
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
 
+    def _index_keys_compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`index_keys` by `_scan.index_entries`, from the key ranges the compiled walk found;
+        keys of non-ASCII text (or topic) are hashed here from the decoded text."""
+        names = self.topic_names
+        prefixes = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in names], dtype=np.uint32)
+        ascii_topics = np.array([t.isascii() for t in names], dtype=np.uint8)
+        (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = self.unique_key_ranges, self.keys_ranges
+        columns = (np.ascontiguousarray(c) for c in (uniq_firsts, uniq_lasts, keys_firsts, keys_lasts, self.sysflags, self.topic_ids))
+        raw_hashes, raw_rows, slow = _index_entries(self.buffer, *columns, prefixes, ascii_topics)
+        hashes = np.frombuffer(raw_hashes, dtype=np.int32)
+        rows = np.frombuffer(raw_rows, dtype=np.int64)
+        if slow:
+            hashes = hashes.copy()
+            for entry, row, first, last in slow:
+                text = bytes(self.buffer[first:last]).decode("utf-8", "replace")
+                hashes[entry] = key_hash(index_key(names[self.topic_ids[row]], text))
+        return hashes, self.offsets[rows], self.store_timestamps[rows]
+
     def index_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The key index's entries for these rows, in order: (abs Java hash of "topic#key" as
         IndexFile keeps it, commit-log offset, store timestamp) for the UNIQ_KEY and then each
         KEYS entry of every record that is not a ROLLBACK."""
         if not len(self):
             return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if COMPILED and self.keys_ranges is not None:
+            return self._index_keys_compiled()
         indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
         if len(self) <= SMALL_SCAN:
             return self._index_keys_small(indexed)
