@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import struct
 from pathlib import Path
@@ -14,6 +15,7 @@ from tidemq.cli import main as cli_main
 from tidemq.store import Message, MessageStore, StoreConfig, record
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.store import index_file as index_file_module
 from tidemq.store.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, file_size, key_hash, key_hashes
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.recovery import scan_log
@@ -77,22 +79,61 @@ def test_index_file_layout(tmp_path):
     slots=st.integers(1, 16),
 )
 def test_appends_of_any_size_write_the_bytes_of_one_append(tmp_path_factory, entries, chunks, slots):
-    """A few entries are appended one at a time, many with NumPy: the file is the same."""
+    """A few entries are appended one at a time, many with NumPy, any number by the compiled
+    loop: the file is the same."""
     directory = tmp_path_factory.mktemp("chunks")
     hashes = np.array([h for h, _ in entries], dtype=np.int32)
     phys = np.arange(len(entries), dtype=np.int64) * 100 + 100
     times = BASE_TS + np.cumsum([t for _, t in entries]).astype(np.int64)
-    whole = IndexFile(directory / "whole", hash_slots=slots, max_entries=100, create=True)
-    assert whole.append(hashes, phys, times) == len(entries)
-    pieces = IndexFile(directory / "pieces", hash_slots=slots, max_entries=100, create=True)
-    done, sizes = 0, itertools.cycle(chunks)
-    while done < len(entries):
-        size = next(sizes)
-        assert pieces.append(hashes[done : done + size], phys[done : done + size], times[done : done + size]) == min(size, len(entries) - done)
-        done += size
-    assert bytes(pieces.mm) == bytes(whole.mm)
-    whole.close()
-    pieces.close()
+    files = []
+    for name, compiled in (("whole", False), ("pieces", False), ("compiled", True)):
+        with _compiled_appends(compiled):
+            f = IndexFile(directory / name, hash_slots=slots, max_entries=100, create=True)
+            sizes = itertools.cycle([len(entries)] if name == "whole" else chunks)
+            done = 0
+            while done < len(entries):
+                size = next(sizes)
+                assert f.append(hashes[done : done + size], phys[done : done + size], times[done : done + size]) == min(size, len(entries) - done)
+                done += size
+            files.append(f)
+    for f in files[1:]:
+        assert bytes(f.mm) == bytes(files[0].mm)
+    for f in files:
+        f.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(hashes=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=40), slots=st.integers(1, 16), counted=st.integers(0, 5))
+def test_slots_a_crash_left_past_the_counted_entries_start_new_chains(tmp_path_factory, hashes, slots, counted):
+    """An append that finds a slot pointing past the counted entries (linked before a crash,
+    never counted) starts a new chain there, unless this append wrote that entry for the same
+    slot: the compiled loop, NumPy and the one-at-a-time append write the same bytes."""
+    directory = tmp_path_factory.mktemp("leftovers")
+    files = []
+    for name, compiled, small in (("numpy", False, False), ("small", False, True), ("compiled", True, False)):
+        with _compiled_appends(compiled):
+            f = IndexFile(directory / name, hash_slots=slots, max_entries=100, create=True)
+            if counted:
+                f.append(np.arange(counted, dtype=np.int64) * 7, np.arange(counted) + 1, np.full(counted, BASE_TS))
+            f.slots[:] = counted + 1 + np.arange(slots) % 4  # past indexCount: leftovers
+            column = list if small else np.array
+            f.append(column(hashes), column(range(100, 100 + len(hashes))), column([BASE_TS + 1000] * len(hashes)))
+            files.append(f)
+    for f in files[1:]:
+        assert bytes(f.mm) == bytes(files[0].mm)
+    for f in files:
+        f.close()
+
+
+@contextlib.contextmanager
+def _compiled_appends(on: bool):
+    """IndexFile appends by the compiled loop (where it is built) or by NumPy / Python."""
+    default = index_file_module.COMPILED
+    index_file_module.COMPILED = on and default
+    try:
+        yield
+    finally:
+        index_file_module.COMPILED = default
 
 
 def test_entries_of_records_already_indexed_are_skipped_whether_arrays_or_lists(tmp_path):

@@ -15,8 +15,8 @@ keyHash = abs(Java String.hashCode("topic#key")), with Integer.MIN_VALUE → 0; 
 hash_slots; timeDiff = whole seconds since beginTs, clamped to [0, 2^31 - 1].  A file holds at most
 max_entries - 1 entries; a full file is followed by a new one.
 
-Entries are appended in commit-log order, a batch at a time with NumPy (the chains of one batch
-are linked with a stable sort by slot), so a file is a pure function of the entries given to it:
+Entries are appended in commit-log order, a batch at a time, by a compiled loop or with NumPy (the
+chains of one batch linked with a stable sort by slot), so a file is a pure function of the entries given to it:
 rebuilding after a crash produces the same bytes.  Ownership: one writer (the dispatch thread);
 queries may run on other threads and read a consistent header because it is written last.
 """
@@ -46,6 +46,14 @@ DEFAULT_HASH_SLOTS = 5_000_000
 DEFAULT_MAX_ENTRIES = 20_000_000
 INT_MAX = 0x7FFFFFFF
 SMALL_APPEND = 16  # up to this many entries, `append` writes them one at a time
+
+try:
+    from ._dispatch import index_append as _index_append
+except ImportError:  # the extension is optional: without it, NumPy (or Python for a few entries) appends
+    _index_append = None
+
+# whether `append` runs the compiled loop; tests switch it off to compare the bytes
+COMPILED = _index_append is not None
 _I32 = struct.Struct(">i")
 
 
@@ -177,6 +185,8 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
             return 0
+        if COMPILED:
+            return self._append_compiled(hashes, phys, timestamps, n, count, begin_ts, begin_phy, slots_count)
         if type(hashes) is list:  # a few entries from a trickle (`trickle`): no NumPy at all
             return self._append_small(hashes[:n], phys[:n], timestamps[:n], count)
         if n <= SMALL_APPEND:
@@ -212,27 +222,38 @@ class IndexFile:
         HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[-1]), begin_phy, int(phys[-1]), slots_count, count + n)
         return n
 
+    def _append_compiled(self, hashes, phys, timestamps, n: int, count: int, begin_ts: int, begin_phy: int, slots_count: int) -> int:
+        """`append` by `_dispatch.index_append`, one entry after the other: the bytes of the
+        NumPy append (tests compare them)."""
+        hashes, phys, timestamps = (np.ascontiguousarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps))
+        if count == 1:
+            begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
+        _index_append(self.mm, self.hash_slots, self.max_entries, count, hashes, phys, timestamps, begin_ts)
+        HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[-1]), begin_phy, int(phys[-1]), slots_count, count + n)
+        return n
+
     def _append_small(self, hashes: list[int], phys: list[int], timestamps: list[int], count: int) -> int:
         """`append` one entry at a time (a few entries: NumPy's fixed cost would dominate); the
-        same bytes: a slot's head is followed if it is an entry below indexCount or one written
-        by this call."""
+        same bytes: a slot's head is followed if it is an entry below indexCount or one this
+        call wrote for the same slot (a crash's leftover head may point at an entry this call
+        wrote for another)."""
         begin_ts, _, begin_phy, _, slots_count, _ = self.header()
         if count == 1:
             begin_ts, begin_phy = timestamps[0], phys[0]
         mm = self.mm
         slots_at = HEADER_SIZE
         entries_at = HEADER_SIZE + self.hash_slots * SLOT_SIZE
-        written: set[int] = set()
+        written: dict[int, int] = {}  # entry -> its slot
         index = count
         for key_hash, phy, timestamp in zip(hashes, phys, timestamps):
             slot = key_hash % self.hash_slots
             head = _I32.unpack_from(mm, slots_at + slot * SLOT_SIZE)[0]
-            if not (0 < head < count or head in written):
+            if not (0 < head < count or written.get(head) == slot):
                 head = 0
             diff = min(max((timestamp - begin_ts) // 1000, 0), INT_MAX) if begin_ts > 0 else 0
             ENTRY.pack_into(mm, entries_at + index * ENTRY_SIZE, key_hash, phy, diff, head)
             _I32.pack_into(mm, slots_at + slot * SLOT_SIZE, index)
-            written.add(index)
+            written[index] = slot
             index += 1
         HEADER.pack_into(mm, 0, begin_ts, timestamps[-1], begin_phy, phys[-1], slots_count, index)
         return len(hashes)

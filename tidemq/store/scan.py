@@ -55,7 +55,7 @@ from .record import (
 )
 
 try:
-    from ._scan import index_entries as _index_entries, scan_into as _scan_into
+    from ._dispatch import index_entries as _index_entries, scan_into as _scan_into
 except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
     _index_entries = _scan_into = None
 
@@ -134,7 +134,7 @@ class RecordColumns:
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
 
     def _index_keys_compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`index_keys` by `_scan.index_entries`, from the key ranges the compiled walk found;
+        """`index_keys` by `_dispatch.index_entries`, from the key ranges the compiled walk found;
         keys of non-ASCII text (or topic) are hashed here from the decoded text."""
         names = self.topic_names
         prefixes = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in names], dtype=np.uint32)
@@ -307,7 +307,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
 
 
 def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int) -> RecordColumns:
-    """`scan` by the compiled walk (`_scan.scan_into`, which documents the columns it fills):
+    """`scan` by the compiled walk (`_dispatch.scan_into`, which documents the columns it fills):
     every field and check in one pass, the value ranges of UNIQ_KEY and KEYS included.  Python
     decodes each distinct topic once and hashes the few TAGS values that are not ASCII."""
     limit = min(stop - MIN_RECORD_SIZE + 1, soft_stop)

@@ -1,4 +1,10 @@
-/* tidemq.store._scan: the record walk of `scan.scan`, compiled.
+/* tidemq.store._dispatch: the compiled parts of dispatch.
+ *
+ * - `scan_into`: the record walk of `scan.scan`;
+ * - `index_entries`: the key index's entries of the rows it found;
+ * - `index_append`: `IndexFile.append`'s writing of entries and slot chains.
+ *
+ * Each has a Python or NumPy twin used where the extension is not built; tests compare the two.
  *
  * `scan_into(buf, start, stop, soft_stop, base_offset, wide, narrow)` walks the TOTALSIZE chain of
  * `buf` from `start` (a record boundary) exactly as scan.py's NumPy path does, with the same checks
@@ -432,12 +438,81 @@ done:
     return result;
 }
 
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+}
+
+/* index_append(mm, hash_slots, max_entries, count, hashes, phys, timestamps, begin_timestamp) ->
+   None: IndexFile's entries count .. count + n - 1 (spec §7: 40-byte header, hash_slots 4-byte
+   slots, 20-byte entries hash i32 | phy i64 | time_diff i32 | prev i32, big-endian) for n keys
+   (int64 columns, n <= max_entries - count), each linked to the entry its slot held and made
+   the slot's head.  A slot's head is followed if it is a counted entry (0 < head < count) or
+   an entry this call wrote for the same slot; anything else (a crash's leftovers past count)
+   starts a new chain.  time_diff is (timestamp - begin_timestamp) // 1000 clipped to
+   [0, INT_MAX], 0 without a begin timestamp.  The header is the caller's. */
+static PyObject *index_append(PyObject *self, PyObject *args) {
+    Py_buffer mm, hv, pv, tv;
+    Py_ssize_t hash_slots, max_entries, count;
+    long long begin_timestamp;
+    if (!PyArg_ParseTuple(args, "w*nnny*y*y*L", &mm, &hash_slots, &max_entries, &count, &hv, &pv, &tv, &begin_timestamp))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = hv.len / 8;
+    Py_ssize_t entries_at = 40 + hash_slots * 4;
+    if (column(&hv, 8, n, "hashes") < 0 || column(&pv, 8, n, "phys") < 0 || column(&tv, 8, n, "timestamps") < 0) goto done;
+    if (hash_slots <= 0 || count < 1 || count + n > max_entries || entries_at + max_entries * 20 > mm.len) {
+        PyErr_Format(PyExc_ValueError, "%zd entries from %zd do not fit an index file of %zd slots and %zd entries (%zd bytes)",
+                     n, count, hash_slots, max_entries, mm.len);
+        goto done;
+    }
+    unsigned char *base = mm.buf, *slots = base + 40, *entries = base + entries_at;
+    const int64_t *hashes = hv.buf, *phys = pv.buf, *timestamps = tv.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (hashes[i] < 0 || hashes[i] > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError, "key hash %lld is not an index file's (0 .. 2**31 - 1)", (long long)hashes[i]);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t index = count + i, slot = (Py_ssize_t)(hashes[i] % hash_slots);
+        unsigned char *slot_at = slots + slot * 4;
+        int64_t head = get32(slot_at);
+        if (!(head > 0 && head < count)) {
+            int ours = head >= count && head < index && get32(entries + head * 20) % hash_slots == slot;
+            if (!ours) head = 0;
+        }
+        int64_t diff = 0;
+        if (begin_timestamp > 0 && timestamps[i] > begin_timestamp) {
+            diff = (timestamps[i] - begin_timestamp) / 1000;
+            if (diff > INT32_MAX) diff = INT32_MAX;
+        }
+        unsigned char *e = entries + index * 20;
+        put32(e, (uint32_t)hashes[i]);
+        put32(e + 4, (uint32_t)((uint64_t)phys[i] >> 32));
+        put32(e + 8, (uint32_t)phys[i]);
+        put32(e + 12, (uint32_t)diff);
+        put32(e + 16, (uint32_t)head);
+        put32(slot_at, (uint32_t)index);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&mm);
+    PyBuffer_Release(&hv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&tv);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"index_append", index_append, METH_VARARGS, "Write IndexFile entries and their slot chains (see the module source)."},
     {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
     {"index_entries", index_entries, METH_VARARGS, "The key index's entries of scanned rows (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tidemq.store._scan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tidemq.store._dispatch", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__dispatch(void) { return PyModule_Create(&module); }
