@@ -140,9 +140,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     for name, queue_of in layouts.items():
         log_dir = root / f"log-{name.split()[0].replace(',', '')}"
         log = write_log(log_dir, 2 * count, queue_of)
-        middle = log.write_position // 2
-        middle = _boundary(log, middle)
-        first_entries = _records_below(log, middle)
+        middle, first_entries = _walk(log, log.write_position // 2)
         rates: dict[int, tuple[float, float]] = {}
         for n in range(rounds):  # interleaved, best of `rounds`: other load on the machine hits all alike
             for w in (0, 1, workers):
@@ -170,24 +168,21 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print(f"   load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other engineers' work included)")
 
 
-def _boundary(log: CommitLog, near: int) -> int:
-    """The first record boundary at or after `near`."""
-    offset = log.min_offset
+def _walk(log: CommitLog, near: int) -> tuple[int, int]:
+    """(the first record boundary at or after `near`, the records below it), walking the log from
+    its start across segments: a blank filler ends its segment, and the walk goes on at the next
+    segment's start."""
+    offset, count = log.min_offset, 0
     while offset < near:
         rec = log.read_record(offset, check_crc=False, read_body=False, read_properties=False)
-        if type(rec) is not record.Record:
-            break
-        offset += rec.total_size
-    return offset
-
-
-def _records_below(log: CommitLog, end: int) -> int:
-    offset, count = log.min_offset, 0
-    while offset < end:
-        rec = log.read_record(offset, check_crc=False, read_body=False, read_properties=False)
-        offset += rec.total_size
-        count += 1
-    return count
+        if type(rec) is record.EndOfSegment:
+            offset = log.next_segment_start(offset)
+        elif type(rec) is record.Record:
+            offset += rec.total_size
+            count += 1
+        else:
+            break  # the end of the data
+    return offset, count
 
 
 def sustained(root: Path, seconds: float, workers: int, producers: int) -> None:
@@ -266,7 +261,7 @@ def machine_parallelism(n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--messages", type=int, default=500_000)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--producers", type=int, default=2)
