@@ -2,7 +2,8 @@
  *
  * - `scan_into`: the record walk of `scan.scan`;
  * - `index_entries`: the key index's entries of the rows it found;
- * - `index_append`: `IndexFile.append`'s writing of entries and slot chains.
+ * - `index_append`: `IndexFile.append`'s writing of entries and slot chains;
+ * - `java_hash`: Java's String.hashCode of one str (tags codes, key hashes one at a time).
  *
  * Each has a Python or NumPy twin used where the extension is not built; tests compare the two.
  *
@@ -29,7 +30,7 @@
  * passes every check; the walk stops at the first that does not, or when `capacity` rows are full.
  * Topic bytes are not decoded here: the caller cuts the rows at the first topic that is not UTF-8.
  *
- * The walk runs without the GIL: the buffers stay exported for its duration.
+ * A long walk or append runs without the GIL (the buffers stay exported for its duration).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -44,6 +45,10 @@
 #define MAGIC_V2 ((int32_t)0xDAA320AB)
 #define FLAG_BORNHOST_V6 0x10
 #define FLAG_STOREHOST_V6 0x20
+/* Below these sizes the work keeps the GIL: in the store process the dispatch thread shares it
+   with the event loop, and taking it back costs more than a trickle's walk or append. */
+#define RELEASE_GIL_BYTES (256 << 10)
+#define RELEASE_GIL_ENTRIES 8192
 #define WIDE_COLUMNS 10
 #define NARROW_COLUMNS 5
 
@@ -286,9 +291,13 @@ static PyObject *scan_into(PyObject *self, PyObject *args) {
     w.base_offset = base_offset;
     w.wide = wide.buf;
     w.narrow = narrow.buf;
-    Py_BEGIN_ALLOW_THREADS
-    walk(&w);
-    Py_END_ALLOW_THREADS
+    if (stop - start >= RELEASE_GIL_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        walk(&w);
+        Py_END_ALLOW_THREADS
+    } else {
+        walk(&w);
+    }
     if (w.failed) {
         PyErr_NoMemory();
     } else {
@@ -474,7 +483,7 @@ static PyObject *index_append(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *released = n >= RELEASE_GIL_ENTRIES ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t index = count + i, slot = (Py_ssize_t)(hashes[i] % hash_slots);
         unsigned char *slot_at = slots + slot * 4;
@@ -496,7 +505,7 @@ static PyObject *index_append(PyObject *self, PyObject *args) {
         put32(e + 16, (uint32_t)head);
         put32(slot_at, (uint32_t)index);
     }
-    Py_END_ALLOW_THREADS
+    if (released) PyEval_RestoreThread(released);
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&mm);
@@ -506,7 +515,42 @@ done:
     return result;
 }
 
+/* java_hash(text) -> int: Java's String.hashCode of a str (h = 31 * h + unit over its UTF-16 code
+   units, a code point past U+FFFF as its surrogate pair, a lone surrogate as itself), as a
+   signed int32. */
+static PyObject *java_hash(PyObject *self, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "java_hash takes a str, not %.100s", Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+    if (PyUnicode_READY(text) < 0) return NULL;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    const void *data = PyUnicode_DATA(text);
+    uint32_t h = 0;
+    switch (PyUnicode_KIND(text)) {
+    case PyUnicode_1BYTE_KIND:
+        for (Py_ssize_t i = 0; i < n; i++) h = h * 31u + ((const Py_UCS1 *)data)[i];
+        break;
+    case PyUnicode_2BYTE_KIND:
+        for (Py_ssize_t i = 0; i < n; i++) h = h * 31u + ((const Py_UCS2 *)data)[i];
+        break;
+    default:
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_UCS4 c = ((const Py_UCS4 *)data)[i];
+            if (c >= 0x10000) {
+                c -= 0x10000;
+                h = h * 31u + (0xD800u + (c >> 10));
+                h = h * 31u + (0xDC00u + (c & 0x3FFu));
+            } else {
+                h = h * 31u + c;
+            }
+        }
+    }
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
 static PyMethodDef methods[] = {
+    {"java_hash", java_hash, METH_O, "Java's String.hashCode of a str, as a signed int32."},
     {"index_append", index_append, METH_VARARGS, "Write IndexFile entries and their slot chains (see the module source)."},
     {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
     {"index_entries", index_entries, METH_VARARGS, "The key index's entries of scanned rows (see the module source)."},
