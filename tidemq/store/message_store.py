@@ -561,11 +561,14 @@ class MessageStore:
             return self.commit_log.flushed_position
         return self.commit_log.write_position
 
-    # While appends stream in, dispatch rounds start at least DISPATCH_ROUND_S apart: each round
-    # then takes a batch worth handing to the worker processes, and the appenders are not
-    # interrupted for every few records (the dispatch thread shares their GIL).  A record that
-    # arrives after a quiet spell is dispatched at once, so long polling hears of it without delay.
-    DISPATCH_ROUND_S = 0.002
+    # While appends stream in, a dispatch round is followed by a pause that grows with what it
+    # dispatched (DISPATCH_PAUSE_PER_BYTE_S, up to DISPATCH_PAUSE_MAX_S): the busier the log, the
+    # more each round takes (a batch worth handing to the worker processes), and the appenders
+    # are not interrupted for every few records (the dispatch thread shares their GIL), while a
+    # light stream waits next to nothing.  A record that arrives after a quiet spell is
+    # dispatched at once, so long polling hears of it without delay.
+    DISPATCH_PAUSE_PER_BYTE_S = 0.002 / 8192  # 2 ms after a round of 8 KiB (about 20 SDK messages)
+    DISPATCH_PAUSE_MAX_S = 0.006
 
     def _dispatch_loop(self) -> None:
         while not self._stopping:
@@ -573,8 +576,9 @@ class MessageStore:
             self._dispatch_event.clear()
             self._dispatch_event_set = False
             try:
-                if self._dispatch_pending():
-                    time.sleep(self.DISPATCH_ROUND_S)
+                moved = self._dispatch_pending()
+                if moved:
+                    time.sleep(min(self.DISPATCH_PAUSE_MAX_S, moved * self.DISPATCH_PAUSE_PER_BYTE_S))
             except Exception:
                 log.exception("dispatch failed; retrying")
                 time.sleep(0.1)
