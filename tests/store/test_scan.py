@@ -96,6 +96,15 @@ def expected_index(requests: list[DispatchRequest]):
     return key_hashes(texts), phys, times
 
 
+def test_the_compiled_dispatch_parts_are_built():
+    # `optional` in pyproject.toml: an install without a C compiler walks and hashes with NumPy
+    from tidemq.store import index_file
+
+    assert scan_module.COMPILED, "tidemq/store/_dispatch.c was not compiled at install"
+    assert index_file.COMPILED
+    assert record.java_string_hash.__wrapped__ is not record.java_string_hash_python
+
+
 def check_agrees(buf, start: int, stop: int, base: int) -> None:
     """Every way `scan` works agrees with the codec: the compiled walk (where it is built), and
     the NumPy walk vectorized and one record at a time."""
