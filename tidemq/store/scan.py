@@ -16,8 +16,13 @@ for every record as NumPy columns:
     properties_starts / properties_ends: where each record's properties lie in the buffer,
                       decoded lazily (`properties`, `unique_key`, `keys`, `index_keys`)
 
-Only the walk along the chain (one 4-byte read per record) and the topic (a slice and a cached
-decode) are per-record Python work; the fixed fields and every layout check are gathered with
+Where the extension is built, one compiled pass (`_dispatch.scan_into`) fills every column and
+the value ranges of TAGS, UNIQ_KEY and KEYS, and `_dispatch.index_entries` hashes the keys: on
+the 2-core machine about 0.05 us a record in place of 1 to 1.5 us.  Python then decodes each
+distinct topic once and hashes only what is not ASCII.
+
+Without it, only the walk along the chain (one 4-byte read per record) and the topic (a slice and
+a cached decode) are per-record Python work; the fixed fields and every layout check are gathered with
 NumPy from the record positions, and the TAGS codes and key-index hashes are computed in bulk
 from the property bytes (`property_columns`).  Up to SMALL_SCAN records (a dispatch round at
 light load) are decoded one at a time instead, into the same columns: there NumPy's fixed cost
