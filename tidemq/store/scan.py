@@ -18,8 +18,8 @@ for every record as NumPy columns:
 
 Where the extension is built, one compiled pass (`_dispatch.scan_into`) fills every column and
 the value ranges of TAGS, UNIQ_KEY and KEYS, and `_dispatch.index_entries` hashes the keys: on
-the 2-core machine about 0.1 us a record for both, in place of 1 to 1.5 us.  Python then decodes each
-distinct topic once and hashes only what is not ASCII.
+the 2-core machine about 0.1 us a record for both, in place of 1 to 1.5 us.  Python then
+decodes each distinct topic once and hashes only what is not ASCII.
 
 Without it, only the walk along the chain (one 4-byte read per record) and the topic (a slice and
 a cached decode) are per-record Python work; the fixed fields and every layout check are gathered with
