@@ -17,8 +17,9 @@ max_entries - 1 entries; a full file is followed by a new one.
 
 Entries are appended in commit-log order, a batch at a time, by a compiled loop or with NumPy (the
 chains of one batch linked with a stable sort by slot), so a file is a pure function of the
-entries given to it: rebuilding after a crash produces the same bytes.  Ownership: one writer (the dispatch thread);
-queries may run on other threads and read a consistent header because it is written last.
+entries given to it: rebuilding after a crash produces the same bytes.  Ownership: one writer
+(the dispatch thread); queries may run on other threads and read a consistent header because it
+is written last.
 """
 
 from __future__ import annotations
