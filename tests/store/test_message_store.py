@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tidemq.store import (
+    FlushTimeoutError,
     InvalidMessageError,
     Message,
     MessageStore,
@@ -174,6 +175,57 @@ def test_sync_flush_group_commit_shares_fsyncs(tmp_path):
         assert store.group_commit.fsyncs < 320
         assert store.wait_dispatched()
         assert sum(store.max_offset("t", q) for q in range(4)) == 320
+
+
+def test_a_blocking_put_on_a_disk_that_will_not_flush_fails_after_the_timeout(tmp_path):
+    """The putter's own lock is never released by an fsync: it times out, says why, and is no
+    longer counted as waiting (the flusher would otherwise wait for it to come back)."""
+    store = MessageStore(tmp_path, small(segment_size=1 << 20, flush="sync", sync_flush_timeout_ms=200))
+
+    def failing_flush():
+        raise OSError(5, "Input/output error")
+
+    store.commit_log.flush = failing_flush
+    try:
+        with pytest.raises(FlushTimeoutError, match="Input/output error"):
+            store.put(Message(topic="t", body=b"lost?"))
+        assert store.group_commit.waiting == 0 and not store.group_commit._waiters
+    finally:
+        del store.commit_log.flush
+        store.close()
+
+
+def test_blocking_puts_waiting_when_the_flusher_stops_fail_instead_of_hanging(tmp_path):
+    store = MessageStore(tmp_path, small(segment_size=1 << 20, flush="sync", sync_flush_timeout_ms=60_000))
+
+    def failing_flush():
+        raise OSError(28, "No space left on device")
+
+    store.commit_log.flush = failing_flush
+    errors = []
+
+    def putter():
+        try:
+            store.put(Message(topic="t", body=b"pending"))
+        except FlushTimeoutError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=putter) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while store.group_commit.waiting < 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        store.group_commit.stop()  # as closing does
+        for t in threads:
+            t.join(10)
+        assert len(errors) == 4 and all("No space left" in str(e) for e in errors)
+        with pytest.raises(FlushTimeoutError):  # and a wait begun after it stopped fails at once
+            store.put(Message(topic="t", body=b"later"))
+    finally:
+        del store.commit_log.flush
+        store.close()
 
 
 def test_sync_flush_callbacks(tmp_path):

@@ -6,8 +6,8 @@
   the first waiter), so N concurrent putters share one fsync instead of paying for N; a lone
   putter is flushed at once.
 
-Ownership: `GroupCommit._cond` guards `requested`, `flushed`, `active`, `waiting`, the callbacks and
-the listeners; only the flusher thread calls
+Ownership: `GroupCommit._cond` guards `requested`, `flushed`, `active`, `waiting`, the blocked
+putters' locks, the callbacks and the listeners; only the flusher thread calls
 `CommitLog.flush`, and it reads `write_position` without the append lock (a stale value only
 flushes less, and the requester waits for the next round).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from _thread import allocate_lock as _allocate_lock
 from typing import Callable, Protocol
 
 from .commit_log import CommitLog
@@ -53,7 +54,7 @@ class GroupCommit:
         self.timeout = timeout_ms / 1000.0
         self.gather = gather_ms / 1000.0
         lock = threading.Lock()
-        self._cond = threading.Condition(lock)  # blocked putters sleep here; the flusher wakes them
+        self._cond = threading.Condition(lock)  # guards the state below (blocked putters sleep on locks of their own)
         self._work = threading.Condition(lock)  # the flusher sleeps here; putters wake it
         self.active = 0  # blocking puts between begin() and end()
         self.waiting = 0  # of those, how many have appended and wait for the fsync
@@ -61,6 +62,7 @@ class GroupCommit:
         self.flushed = commit_log.flushed_position
         self._callbacks: list[tuple[int, float, DurableCallback, object]] = []
         self._listeners: set[FlushListener] = set()  # to tell of the next fsync
+        self._waiters: list[tuple[int, object]] = []  # blocked putters: (end offset, their lock, held)
         self.fsyncs = 0
         self.fsyncs_started = 0  # the flusher counts an fsync here before it looks at write_position
         self.error: BaseException | None = None
@@ -118,23 +120,31 @@ class GroupCommit:
         return False
 
     def wait_for(self, end_offset: int) -> None:
-        """Block until the log is durable up to `end_offset`, or raise FlushTimeoutError."""
+        """Block until the log is durable up to `end_offset`, or raise FlushTimeoutError.
+
+        The caller sleeps on a lock of its own, which the flusher releases after the fsync that
+        covers it (and counts it as no longer waiting): woken, it returns without taking the
+        shared lock again, so the putters an fsync releases do not queue for it one by one."""
         with self._cond:
             if self.flushed >= end_offset:
                 return
+            if self._stopping:
+                raise self.timeout_error(end_offset)
             self.requested = max(self.requested, end_offset)
+            waiter = _allocate_lock()
+            waiter.acquire()
+            entry = (end_offset, waiter)
+            self._waiters.append(entry)
             self.waiting += 1
             if self.waiting >= self.active or self.waiting == 1:
                 self._work.notify()
-            try:
-                deadline = time.monotonic() + self.timeout
-                while self.flushed < end_offset:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or self._stopping:
-                        raise self.timeout_error(end_offset)
-                    self._cond.wait(remaining)
-            finally:
-                self.waiting -= 1
+        if not waiter.acquire(timeout=self.timeout):
+            with self._cond:
+                if entry in self._waiters:  # not released: no fsync covered it in time
+                    self._waiters.remove(entry)
+                    self.waiting -= 1
+        if self.flushed < end_offset:
+            raise self.timeout_error(end_offset)
 
     def timeout_error(self, end_offset: int) -> FlushTimeoutError:
         cause = f"; last fsync error: {self.error}" if self.error is not None else ""
@@ -168,7 +178,7 @@ class GroupCommit:
             with self._cond:
                 self.error = error
                 self.flushed = max(self.flushed, flushed)
-                self._cond.notify_all()
+                self._release_waiters()
                 done, expired, pending = [], [], []
                 now = time.monotonic()
                 for entry in self._callbacks:
@@ -193,10 +203,21 @@ class GroupCommit:
             else:
                 time.sleep(0.01)
 
+    def _release_waiters(self) -> None:
+        """Wake the blocked putters whose bytes are durable, or all when stopping (`_cond` held)."""
+        flushed, stopping, keep = self.flushed, self._stopping, []
+        for entry in self._waiters:
+            if entry[0] <= flushed or stopping:
+                entry[1].release()
+                self.waiting -= 1
+            else:
+                keep.append(entry)
+        self._waiters = keep
+
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            self._release_waiters()
             self._work.notify_all()
         self._thread.join()
         with self._cond:
