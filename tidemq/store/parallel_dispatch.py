@@ -59,10 +59,14 @@ die too often, the coordinator builds every batch itself and writes the units ha
 worker it gave up.  A worker whose coordinator died stops before writing a batch, handed-over
 units, or to the index.
 
-Batches are backlog / (4 × workers), between 64 KiB and `batch_bytes`, with up to 3 × workers
-outstanding, so that one slow batch does not leave the other workers idle.  Both pipes of a worker
-hold 1 MB; the coordinator's sends block, a worker's never do without reading what comes in (see
-batch_builder), so the two never wait for each other for ever.
+Batches are backlog / (4 × workers), between `MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
+small beside its records) and `batch_bytes`, with up to 3 × workers outstanding, so that one slow
+batch does not leave the other workers idle.  Both pipes of a worker hold 1 MB; the coordinator's
+sends block, a worker's never do without reading what comes in (see batch_builder), so the two
+never wait for each other for ever.  The coordinator waits for answers on one `select.poll` in
+which every worker's answer pipe is registered once (a replacement's when it starts, a dead
+worker's taken out before its pipes close), and takes in every answer a pipe holds with one read
+(`batch_builder._Channel`); the messages are pickled as their fields, arrays as bytes.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
 (which runs the sequential `Dispatcher`) restarts at or below the oldest unfinished batch even when
@@ -85,9 +89,9 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import multiprocessing.connection
 import os
 import pickle
+import select
 import struct
 import subprocess
 import sys
@@ -122,8 +126,14 @@ MIN_RECORD_SIZE = 91
 
 DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
 DEFAULT_INLINE_BYTES = 64 << 10
+# a batch's fixed costs (its messages, the head's index-append round trip, a worker's setup) are
+# about 0.3 ms: a smaller batch (64 KiB is 230 records of bench/dispatch.py, 0.1 ms of a
+# worker's time) spends more on them than on its records, and the shrinking tail of a large
+# backlog was mostly such batches
+MIN_BATCH_BYTES = 1 << 20
+BATCHES_PER_WORKER = 4  # a backlog is cut in batches of backlog / (this x workers)
 MAX_WORKER_DEATHS_IN_A_ROW = 4
-SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time
+SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time, without NumPy
 RESULT_PIPE_BYTES = 1 << 20  # a worker's pipes, each way: room for an answer naming 20,000 queues
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
 
@@ -269,6 +279,8 @@ class ParallelDispatcher:
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
         self._workers: list[_Worker] = []
+        self._poller = select.poll()  # the workers' answer pipes (`_watch`)
+        self._watched: dict[int, _Worker] = {}  # by descriptor
         self._builder: BatchBuilder | None = None
         self.inline_batches = 0
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
@@ -411,7 +423,7 @@ class ParallelDispatcher:
         while len(self._tasks) < max_outstanding and self._cut_offset < limit:
             backlog = limit - self._cut_offset
             # several batches per worker, so that one slow batch does not idle the others
-            size = min(self.batch_bytes, max(self.inline_bytes, 64 << 10, backlog // (4 * self.worker_count)))
+            size = min(self.batch_bytes, max(self.inline_bytes, MIN_BATCH_BYTES, backlog // (BATCHES_PER_WORKER * self.worker_count)))
             task = self._cut(limit, size)
             if task is None:
                 break
@@ -441,8 +453,8 @@ class ParallelDispatcher:
     # -- workers -------------------------------------------------------------------------------------
 
     def _start_worker(self, number: int) -> _Worker:
-        return _Worker(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(), self.key_index is not None,
-                       number, self.worker_count)
+        return self._watch(_Worker(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(),
+                                   self.key_index is not None, number, self.worker_count))
 
     def start_workers(self) -> None:
         """Start the worker processes now rather than on the first large backlog."""
@@ -479,38 +491,56 @@ class ParallelDispatcher:
             return results
         appending = self._holders.get(self._appending) if self._appending is not None else None
         # one append at a time: the head's
-        busy = [w for w in self._workers if w.tasks or w.handovers or w is appending]
-        if not busy:
+        if not any(w.tasks or w.handovers or w is appending for w in self._workers):
             return results
-        ready = multiprocessing.connection.wait([w.conn.reader for w in busy])
-        for worker in busy:
-            if worker.conn.reader in ready:
-                try:
-                    while worker.conn.poll():
-                        result = worker.conn.recv()
-                        self._deaths_in_a_row = 0
-                        kind = type(result)
-                        if kind is IndexAppended:
-                            results.append(result)
-                        elif kind is UnitsWritten:
-                            payload = worker.handovers.pop(result.batch_id, None)
-                            if payload is not None:
-                                if result.error is not None:
-                                    log.error("dispatch worker %s could not write the units handed over by batch %d: %s; "
-                                              "writing them on the dispatch thread", worker.pid, result.batch_id, result.error)
-                                    self._inline_builder().write_handover(pickle.loads(payload))
-                                built = self._units_written(result.batch_id, worker.number)
-                                if built is not None:
-                                    results.append(built)
-                        elif worker.tasks.pop(result.batch_id, None) is not None:
-                            if result.index_held:
-                                self._holders[result.batch_id] = worker
-                            if self._hand_over(result):
-                                results.append(result)
-                except (EOFError, OSError):  # the pipe closed: the worker died
-                    worker.process.wait()
-                    self._replace(worker)
+        # every worker's pipe is registered (`_watch`): one that is not busy has nothing to say,
+        # or says it died, or answers for a batch since dropped (ignored below)
+        watched = self._watched
+        ready = [watched[fd] for fd, _ in self._poller.poll() if fd in watched]
+        for worker in ready:
+            if self._watched.get(worker.conn.read_fd) is not worker:
+                continue  # replaced meanwhile
+            try:
+                messages = worker.conn.take()
+            except (EOFError, OSError):  # the pipe closed: the worker died
+                worker.process.wait()
+                self._replace(worker)
+                continue
+            if messages:
+                self._deaths_in_a_row = 0
+            for result in messages:
+                kind = type(result)
+                if kind is IndexAppended:
+                    results.append(result)
+                elif kind is UnitsWritten:
+                    payload = worker.handovers.pop(result.batch_id, None)
+                    if payload is not None:
+                        if result.error is not None:
+                            log.error("dispatch worker %s could not write the units handed over by batch %d: %s; "
+                                      "writing them on the dispatch thread", worker.pid, result.batch_id, result.error)
+                            self._inline_builder().write_handover(pickle.loads(payload))
+                        built = self._units_written(result.batch_id, worker.number)
+                        if built is not None:
+                            results.append(built)
+                elif worker.tasks.pop(result.batch_id, None) is not None:
+                    if result.index_held:
+                        self._holders[result.batch_id] = worker
+                    if self._hand_over(result):
+                        results.append(result)
         return results
+
+    def _watch(self, worker: _Worker) -> _Worker:
+        """Register a worker's answers pipe with the poller (once: a `select.poll` kept, not a
+        selector built for each wait)."""
+        self._poller.register(worker.conn.read_fd, select.POLLIN)
+        self._watched[worker.conn.read_fd] = worker
+        return worker
+
+    def _unwatch(self, worker: _Worker) -> None:
+        """Before its pipes are closed (a descriptor's number is soon another's)."""
+        if self._watched.get(worker.conn.read_fd) is worker:
+            del self._watched[worker.conn.read_fd]
+            self._poller.unregister(worker.conn.read_fd)
 
     # -- units handed over between workers -------------------------------------------------------
 
@@ -559,6 +589,7 @@ class ParallelDispatcher:
         return None
 
     def _replace(self, dead: _Worker) -> None:
+        self._unwatch(dead)
         dead.conn.close()
         self._deaths_in_a_row += 1
         # the batches whose index entries died with it are built again, with its unanswered ones
@@ -710,17 +741,31 @@ class ParallelDispatcher:
     def _commit_runs(self, runs: QueueRuns, changes: dict[QueueKey, int]) -> None:
         """Commit the head batch's runs of slots.  A queue whose run starts at its frontier (the
         rule: every earlier batch is committed), with nothing pending and its files mapped, is
-        advanced in one NumPy assignment for all of them; the others (new queues, runs that are
-        not contiguous), and every queue of a batch that touches only a few, one by one."""
+        advanced in one NumPy assignment for all of them (in a batch naming SMALL_COMMIT queues
+        at most, one scalar assignment each); the others (new queues, runs that are not
+        contiguous) one by one."""
         table = self.queues.frontiers
         if len(runs) <= SMALL_COMMIT:
-            # a few queues: committing them one at a time costs less than NumPy's setup
+            # a few queues: each known queue whose run starts at its frontier advanced with a few
+            # scalar reads and one write of its row (NumPy's setup would cost more than the work)
             numbers = [self._topic_number(t) for t in runs.topic_names]
-            topic_ids, queue_ids = runs.topic_ids.tolist(), runs.queue_ids.tolist()
-            codes = [(numbers[t] << 32) | (q & 0xFFFFFFFF) for t, q in zip(topic_ids, queue_ids)]
-            code_of = self._code_of
-            slow = [(i, t, q, code, code_of.get(code, -1), first, first + count)
-                    for i, (t, q, code, first, count) in enumerate(zip(topic_ids, queue_ids, codes, runs.firsts.tolist(), runs.counts.tolist()))]
+            code_of, extras = self._code_of, runs.extras
+            frontiers, files_end, pending = table.frontiers, table.files_end, table.pending
+            row_keys = self._row_keys if self.listeners else None
+            slow = []
+            for i, (t, q, first, count) in enumerate(zip(runs.topic_ids.tolist(), runs.queue_ids.tolist(), runs.firsts.tolist(),
+                                                         runs.counts.tolist())):
+                code = (numbers[t] << 32) | (q & 0xFFFFFFFF)
+                row = code_of.get(code, -1)
+                end = first + count
+                if row >= 0 and frontiers[row] == first and end <= files_end[row] and not pending[row] and i not in extras:
+                    frontiers[row] = end
+                    if row_keys is not None:
+                        changes[row_keys[row]] = end
+                else:
+                    slow.append((i, t, q, code, row, first, end))
+            if not slow:
+                return
         else:
             numbers = np.array([self._topic_number(t) for t in runs.topic_names], dtype=np.int64)
             code_array = (numbers[runs.topic_ids] << 32) | (runs.queue_ids.astype(np.int64) & 0xFFFFFFFF)
@@ -821,6 +866,7 @@ class ParallelDispatcher:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait()
+            self._unwatch(worker)
             worker.conn.close()
         self._workers = []
         if self._builder is not None:
