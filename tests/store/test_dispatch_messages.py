@@ -1,5 +1,6 @@
 """Parallel dispatch's messages and pipes: what the coordinator and its workers send each other
-(pickled cheaply, framed, read through a buffer)."""
+(pickled cheaply, framed, read through a buffer), and the batches whose few queues a worker
+writes whole instead of handing units over."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pickle
 import numpy as np
 
 from tidemq.store.batch_builder import (
+    DIRECT_QUEUES,
+    BatchBuilder,
     BatchResult,
     BatchTask,
     IndexAppend,
@@ -17,8 +20,13 @@ from tidemq.store.batch_builder import (
     UnitsHandover,
     UnitsWritten,
     _Channel,
+    owner_of,
 )
 from tidemq.store.consume_queue import UNIT_DTYPE
+from tidemq.store.dispatch import ConsumeQueueStore
+from tidemq.store.parallel_dispatch import ParallelDispatcher
+from test_parallel_dispatch import build_log, sequential_build, two_workers_against_one_thread
+from trees import same_tree
 
 
 def _same(a, b) -> bool:
@@ -105,3 +113,30 @@ def test_a_channel_reads_every_whole_message_at_once_and_keeps_a_partial_one():
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_batch_naming_few_queues_is_written_whole_by_a_workers_builder(tmp_path):
+    """600 records of 10 queues: builder 1 of 2, as in a worker process, writes every queue, its
+    own and builder 0's, and hands nothing over; the files equal the single thread's."""
+    layout = [("t", i % 10) for i in range(600)]
+    log, assigned = build_log(tmp_path / "log", layout, segment_size=1 << 20)
+    sequential_build(log, tmp_path / "sequential", units=64)
+    root = tmp_path / "parallel" / "consumequeue"
+    builder = BatchBuilder(str(root), 64, False)
+    builder.owner, builder.owners, builder.direct_queues = 1, 2, DIRECT_QUEUES
+    assert {owner_of(*key, 2) for key in assigned} == {0, 1}
+    task = ParallelDispatcher(log, ConsumeQueueStore(tmp_path / "unused", 64), None, 0, 2, inline_bytes=0)._cut(log.write_position, 1 << 20)
+    result = builder.build(task)
+    builder.close()
+    assert result.records == 600 and len(result.queues) == 10 and result.handovers == []
+    assert {(p.parent.name, int(p.name)) for p in root.glob("*/*")} == set(assigned)
+    assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []
+
+
+def test_workers_hand_no_units_over_for_few_queues_and_build_the_same_files(tmp_path):
+    layout = [("t", i % 10) for i in range(2500)] + [("hot", 0)] * 1500
+    log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
+        assert dispatcher.dispatch_until(log.write_position) == len(layout)
+        assert dispatcher.worker_batches > 4 and dispatcher.inline_batches == 0
+        assert dispatcher.handovers_forwarded == 0

@@ -9,9 +9,12 @@ same in every process).  Building a batch, a worker writes the units of its own 
 those of each other worker's queues into a `UnitsHandover` (per queue its first slot and count,
 the 20-byte units back to back), which travels pickled inside the `BatchResult`; the coordinator
 forwards it unopened to the owner, who writes the units and answers `UnitsWritten`.  So every
-queue file is opened, extended and mapped by one worker only.  The run of slots of every queue of
-the batch, its own or not, is in the `BatchResult` (`QueueRuns`).  A builder with one owner (the
-coordinator's inline builder) writes every queue itself.
+queue file is opened, extended and mapped by one worker only, except the files of the queues of
+a batch naming few of them (`DIRECT_QUEUES`: 10 busy queues, one hot queue), which the worker
+building it writes whole, owned or not, as handing them over costs more than mapping a few files
+in each worker.  The run of slots of every queue of the batch, its own or not, is in the `BatchResult`
+(`QueueRuns`).  A builder with one owner (the coordinator's inline builder) writes every queue
+itself.
 
 In a worker process the key-index entries of a batch stay in the worker (`hold_index`): when the
 batch reaches the head, the coordinator asks that worker to append them (`IndexAppend`) to the
@@ -57,6 +60,10 @@ from .scan import scan
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 CRASH_EXIT_CODE = 75
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
+# in a worker process, a batch naming at most this many queues is written whole by its builder,
+# every queue, owned or not: handing a few queues' units over (two more messages through the
+# coordinator, and copies) cost more than each worker mapping their few files
+DIRECT_QUEUES = 16
 MAX_HELD_BATCHES = 256  # index entries of batches never asked for (dropped batches) are let go
 
 
@@ -251,9 +258,11 @@ class BatchBuilder:
         self.hold_index = False  # keep each batch's index entries for `append_index`
         self.between_steps = None  # called between decoding a batch and writing it (a worker answers appends there)
         # this builder writes the units of the queues `owner_of(..., owners)` gives it, and hands
-        # the others over (`UnitsHandover`); one owner: every queue is its own
+        # the others over (`UnitsHandover`) unless the batch names `direct_queues` at most; one
+        # owner: every queue is its own
         self.owner = 0
         self.owners = 1
+        self.direct_queues = 0  # a worker process: DIRECT_QUEUES
         self._topic_crcs: dict[str, int] = {}
         self.exit_in_handover = False  # fault injection: die halfway through writing the first units handed over
         self._held: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -380,9 +389,9 @@ class BatchBuilder:
         return (topic_crcs[topic_ids] + (queue_ids.astype(np.int64) & 0xFFFFFFFF)) % self.owners
 
     def _write_units(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
-        """Write the queue entries of `columns` for the queues this builder owns, each at its
-        slot; returns, per queue (owned or not), the slots of the batch, and the units handed
-        over to each other owner."""
+        """Write the queue entries of `columns` for the queues this builder owns (every queue when
+        the batch names `direct_queues` at most), each at its slot; returns, per queue (owned or
+        not), the slots of the batch, and the units handed over to each other owner."""
         if len(columns) <= SMALL_BATCH:
             return self._write_units_small(columns, batch_id)
         kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
@@ -406,7 +415,7 @@ class BatchBuilder:
             runs.counts[group] = count
             runs.extras[group] = extra
         handovers = []
-        if self.owners > 1:
+        if self.owners > 1 and len(starts) > self.direct_queues:
             group_owners = self._owners_of(names, group_topic_ids, group_queue_ids)
             row_owners = np.repeat(group_owners, stops - starts)
             for owner in range(self.owners):
@@ -491,7 +500,7 @@ class BatchBuilder:
             topic_id, queue_id, slots, units = groups[code]
             key = (names[topic_id], queue_id)
             count, extra = _first_run(slots)
-            owner = owner_of(key[0], queue_id, self.owners) if self.owners > 1 else self.owner
+            owner = owner_of(key[0], queue_id, self.owners) if self.owners > 1 and len(groups) > self.direct_queues else self.owner
             if owner == self.owner:
                 upf = self._units_per_file.get(key, self.default_units_per_file)
                 self._write_slots(key[0], queue_id, upf, slots, units)
@@ -590,6 +599,7 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
     builder.hold_index = True
     builder.owner = owner
     builder.owners = owners
+    builder.direct_queues = DIRECT_QUEUES
     # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
     # dies after writing N units of its first batch; "N:" without a marker: every worker does;
     # "append:MARKER": the first worker to create MARKER dies in its first index append to a file
