@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tidemq.store.batch_builder import (
     DIRECT_QUEUES,
@@ -113,6 +116,34 @@ def test_a_channel_reads_every_whole_message_at_once_and_keeps_a_partial_one():
     finally:
         sender.close()
         receiver.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 100, 5000, 70_000, 400_000, 1_100_000]), min_size=1, max_size=8),
+       chunk=st.sampled_from([1, 7, 4096, 60_000]), seed=st.integers(0, 2**32 - 1))
+def test_a_channel_returns_the_messages_in_order_whatever_the_pieces_they_come_in(sizes, chunk, seed):
+    """Framed messages written in pieces of `chunk` bytes (one byte at a time too), the reader
+    taking what has come after each: the same messages in the same order, each once, through
+    the buffer's moves and growth."""
+    rng = random.Random(seed)
+    if chunk == 1:
+        sizes = [size for size in sizes if size <= 5000][:4]  # one byte at a time: small ones
+    messages = [bytes([rng.randrange(256)]) * size for size in sizes]
+    stream = b"".join(len(data).to_bytes(4, "big") + data
+                      for data in (pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL) for m in messages))
+    read_fd, write_fd = os.pipe()
+    spare_r, spare_w = os.pipe()
+    receiver = _Channel(read_fd, spare_w)
+    got = []
+    try:
+        for at in range(0, len(stream), chunk):
+            os.write(write_fd, stream[at : at + chunk])
+            got += receiver.take()
+    finally:
+        os.close(write_fd)
+        os.close(spare_r)
+        receiver.close()
+    assert got == messages
 
 
 def test_a_batch_naming_few_queues_is_written_whole_by_a_workers_builder(tmp_path):
