@@ -215,7 +215,8 @@ def test_blocking_puts_waiting_when_the_flusher_stops_fail_instead_of_hanging(tm
         for t in threads:
             t.start()
         deadline = time.monotonic() + 10
-        while store.group_commit.waiting < 4 and time.monotonic() < deadline:
+        # every putter blocked, and the flusher has failed at least once (the error they are told)
+        while (store.group_commit.waiting < 4 or store.group_commit.error is None) and time.monotonic() < deadline:
             time.sleep(0.001)
         store.group_commit.stop()  # as closing does
         for t in threads:
