@@ -64,9 +64,9 @@ units, or to the index.
 Batches are backlog / (4 × workers), between `MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
 small beside its records) and `batch_bytes`, with up to 3 × workers sent and not answered, so that
 one slow batch does not leave the other workers idle, and up to 8 × workers not committed, so that
-batches built while the head waits for its index append do not leave the workers without work.  Both pipes of a worker hold 1 MB; the coordinator's
-sends block, a worker's never do without reading what comes in (see batch_builder), so the two
-never wait for each other for ever.  The coordinator waits for answers on one `select.poll` in
+batches built while the head waits for its index append do not leave the workers without work.
+Both pipes of a worker hold 1 MB; the coordinator's sends block, a worker's never do without
+reading what comes in (see batch_builder), so the two never wait for each other for ever.  The coordinator waits for answers on one `select.poll` in
 which every worker's answer pipe is registered once (a replacement's when it starts, a dead
 worker's taken out before its pipes close), and takes in every answer a pipe holds with one read
 (`batch_builder._Channel`); the messages are pickled as their fields, arrays as bytes.
@@ -85,8 +85,8 @@ objects, the `KeyIndex` (its file list) and the listeners; the one worker it ask
 the newest index file's mapping while the coordinator waits for it.  Open files: a worker maps
 the files of its share of the queues, and of the few queues of the batches it writes whole,
 within its budget (`open_files.mapping_budget`); the coordinator's mappings are
-`consume_queue.MAPPINGS` and its inline builder's.  Units a worker wrote for a batch that is dropped lie above the frontiers and are
-overwritten when the batch is built again.
+`consume_queue.MAPPINGS` and its inline builder's.  Units a worker wrote for a batch that is
+dropped lie above the frontiers and are overwritten when the batch is built again.
 """
 
 from __future__ import annotations
