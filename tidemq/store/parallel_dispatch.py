@@ -66,10 +66,11 @@ small beside its records) and `batch_bytes`, with up to 3 × workers sent and no
 one slow batch does not leave the other workers idle, and up to 8 × workers not committed, so that
 batches built while the head waits for its index append do not leave the workers without work.
 Both pipes of a worker hold 1 MB; the coordinator's sends block, a worker's never do without
-reading what comes in (see batch_builder), so the two never wait for each other for ever.  The coordinator waits for answers on one `select.poll` in
-which every worker's answer pipe is registered once (a replacement's when it starts, a dead
-worker's taken out before its pipes close), and takes in every answer a pipe holds with one read
-(`batch_builder._Channel`); the messages are pickled as their fields, arrays as bytes.
+reading what comes in (see batch_builder), so the two never wait for each other for ever.  The
+coordinator waits for answers on one `select.poll` in which every worker's answer pipe is
+registered once (a replacement's when it starts, a dead worker's taken out before its pipes
+close), and takes in every answer a pipe holds with one read (`batch_builder._Channel`); the
+messages are pickled as their fields, arrays as bytes.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
 (which runs the sequential `Dispatcher`) restarts at or below the oldest unfinished batch even when
