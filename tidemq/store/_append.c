@@ -342,131 +342,177 @@ error:
     return NULL;
 }
 
-/* A numeric attribute that struct's 'i' (32) or 'q' (64) would take: 1 if it fits, 0 if not (or
- * not an int), -1 on an error getting it.  `none_ok`: None fits too (born_timestamp). */
-static int fits(PyObject *message, PyObject *name, int bits, int none_ok) {
-    PyObject *value = PyObject_GetAttr(message, name);
-    if (value == NULL) return -1;
-    int ok = 0;
-    if (value == Py_None) ok = none_ok;
-    else if (PyLong_Check(value)) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-        if (v == -1 && PyErr_Occurred()) { Py_DECREF(value); return -1; }
-        ok = !overflow && (bits == 64 || (v >= INT32_MIN && v <= INT32_MAX));
-    }
-    Py_DECREF(value);
-    return ok;
+/* A common message's fields, as `read_common` found them: the references are owned. */
+typedef struct {
+    PyObject *topic, *queue_id, *body, *born_obj, *suffix, *template, *native;
+    long long qid, flag, sysflag, reconsume_times, prepared_offset;
+    long long born_timestamp;  /* 0 when born_obj is None: the store's clock decides */
+    Native nat;                /* of template.native */
+    Py_ssize_t properties_len;
+    long long size;            /* of the whole record */
+} Common;
+
+static void common_clear(Common *c) {
+    Py_CLEAR(c->topic); Py_CLEAR(c->queue_id); Py_CLEAR(c->body); Py_CLEAR(c->born_obj);
+    Py_CLEAR(c->suffix); Py_CLEAR(c->template); Py_CLEAR(c->native);
 }
 
-/* The common case of MessageEncoder.prepare, for one message: a validated topic, an int queue id
- * in range, a bytes body within the limit, numeric fields that fit, no properties and no keys, a
- * tag whose property suffix and a (topic, born host) whose template are cached, a record that fits
- * a segment.  Returns a new reference to (template, body, body_crc, properties_bytes, unique_key),
- * Py_None (new reference) when the message is not the common case, NULL on an error. */
+/* Whether `message` is the common case, and its fields: a known topic (a str), an int queue id in
+ * range, a bytes body within the limit, numeric fields that fit their record fields, no properties
+ * (an empty dict) and no keys (None or an empty list), a tag (None or a str) whose property suffix
+ * is cached, a (str, int) born host whose (topic, born host) template is cached, and a record
+ * (with a unique-key prefix of `prefix_len` bytes) that fits a segment.  Testing and hashing these
+ * runs no Python code: the single put reads them with the append lock held.  Returns 1 with `c`
+ * filled, 0 when the message is not the common case (`c` holds nothing; the Python encoder
+ * validates it and raises what is wrong), -1 on an error. */
+static int read_common(PyObject *message, PyObject *valid_topics, long long max_queue_id, long long max_message_size,
+                       PyObject *suffixes, PyObject *templates, PyObject *uniq_property, Py_ssize_t prefix_len,
+                       long long segment_size, Common *c) {
+    PyObject *attr = NULL, *born_host = NULL, *key = NULL;
+    int status = -1, overflow = 0;
+    memset(c, 0, sizeof *c);
+#define GET(var, obj, name) if ((var = PyObject_GetAttr(obj, name)) == NULL) goto done
+#define INT_FIELD(out, name, bits)                                                                   \
+    do {                                                                                             \
+        GET(attr, message, name);                                                                    \
+        if (!PyLong_Check(attr)) goto not_common;                                                    \
+        out = PyLong_AsLongLongAndOverflow(attr, &overflow);                                         \
+        if (out == -1 && PyErr_Occurred()) goto done;                                                \
+        if (overflow || (bits == 32 && (out < INT32_MIN || out > INT32_MAX))) goto not_common;       \
+        Py_CLEAR(attr);                                                                              \
+    } while (0)
+    GET(c->topic, message, str_topic);
+    if (!PyUnicode_CheckExact(c->topic)) goto not_common;
+    int known = PySet_Contains(valid_topics, c->topic);
+    if (known < 0) goto done;
+    if (!known) goto not_common;
+    GET(c->queue_id, message, str_queue_id);
+    if (!PyLong_CheckExact(c->queue_id)) goto not_common;
+    c->qid = PyLong_AsLongLongAndOverflow(c->queue_id, &overflow);
+    if (c->qid == -1 && PyErr_Occurred()) goto done;
+    if (overflow || c->qid < 0 || c->qid > max_queue_id) goto not_common;
+    GET(c->body, message, str_body);
+    if (!PyBytes_CheckExact(c->body) || PyBytes_GET_SIZE(c->body) > max_message_size) goto not_common;
+    INT_FIELD(c->flag, str_flag, 32);
+    INT_FIELD(c->sysflag, str_sysflag, 32);
+    INT_FIELD(c->reconsume_times, str_reconsume_times, 32);
+    INT_FIELD(c->prepared_offset, str_prepared_transaction_offset, 64);
+    GET(c->born_obj, message, str_born_timestamp);
+    if (c->born_obj != Py_None) {
+        if (!PyLong_Check(c->born_obj)) goto not_common;
+        c->born_timestamp = PyLong_AsLongLongAndOverflow(c->born_obj, &overflow);
+        if (c->born_timestamp == -1 && PyErr_Occurred()) goto done;
+        if (overflow) goto not_common;
+    }
+    GET(attr, message, str_properties);
+    if (!PyDict_CheckExact(attr) || PyDict_GET_SIZE(attr) != 0) goto not_common;
+    Py_CLEAR(attr);
+    GET(attr, message, str_keys);
+    if (attr != Py_None && !(PyList_CheckExact(attr) && PyList_GET_SIZE(attr) == 0)) goto not_common;
+    Py_CLEAR(attr);
+    GET(attr, message, str_tags);
+    if (attr != Py_None && !PyUnicode_CheckExact(attr)) goto not_common;
+    c->suffix = PyDict_GetItemWithError(suffixes, attr);
+    Py_CLEAR(attr);
+    if (c->suffix == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto not_common;
+    }
+    Py_INCREF(c->suffix);
+    if (!PyBytes_Check(c->suffix)) goto not_common;
+    GET(born_host, message, str_born_host);
+    if (!PyTuple_CheckExact(born_host) || PyTuple_GET_SIZE(born_host) != 2 ||
+        !PyUnicode_CheckExact(PyTuple_GET_ITEM(born_host, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(born_host, 1)))
+        goto not_common;
+    key = PyTuple_Pack(2, c->topic, born_host);
+    if (key == NULL) goto done;
+    c->template = PyDict_GetItemWithError(templates, key);
+    if (c->template == NULL) {
+        if (PyErr_Occurred()) goto done;
+        goto not_common;
+    }
+    Py_INCREF(c->template);
+    GET(c->native, c->template, str_native);
+    if (unpack_native(c->native, &c->nat) < 0) goto done;
+    c->properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(c->suffix);
+    c->size = c->nat.fixed_size + PyBytes_GET_SIZE(c->body) + c->properties_len;
+    if (c->properties_len > 32767 || c->size + 8 > segment_size) goto not_common;  /* the encoder raises the error */
+    status = 1;
+    goto done;
+not_common:
+    status = 0;
+done:
+#undef GET
+#undef INT_FIELD
+    Py_XDECREF(attr); Py_XDECREF(born_host); Py_XDECREF(key);
+    if (status != 1) common_clear(c);
+    return status;
+}
+
+/* The unique-key prefix as UTF-8 (at most 100 bytes: a key's text has room for 128), or NULL with
+   an error set. */
+static const char *key_prefix_utf8(PyObject *prefix_obj, Py_ssize_t *prefix_len) {
+    const char *prefix = PyUnicode_Check(prefix_obj) ? PyUnicode_AsUTF8AndSize(prefix_obj, prefix_len) : NULL;
+    if (prefix == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "the unique-key prefix is not a str");
+        return NULL;
+    }
+    if (*prefix_len > 100) {
+        PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
+        return NULL;
+    }
+    return prefix;
+}
+
+/* A common record's properties at `out` (c->properties_len bytes): the unique-key property, its
+   key's text, then the tag's cached suffix. */
+static void write_common_properties(char *out, PyObject *uniq_property, const char *text, Py_ssize_t text_len,
+                                    const Common *c) {
+    memcpy(out, PyBytes_AS_STRING(uniq_property), PyBytes_GET_SIZE(uniq_property));
+    out += PyBytes_GET_SIZE(uniq_property);
+    memcpy(out, text, text_len);
+    memcpy(out + text_len, PyBytes_AS_STRING(c->suffix), PyBytes_GET_SIZE(c->suffix));
+}
+
+/* The body CRC as a record keeps it (31 bits), or -1 with an error set. */
+static long long body_crc(PyObject *crc32, PyObject *body) {
+    PyObject *crc = PyObject_CallOneArg(crc32, body);
+    if (crc == NULL) return -1;
+    unsigned long long c = PyLong_AsUnsignedLongLongMask(crc);
+    Py_DECREF(crc);
+    if (c == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    return (long long)(c & 0x7FFFFFFFULL);
+}
+
+/* The common case of MessageEncoder.prepare, for one message (`read_common`).  Returns a new
+ * reference to (template, body, body_crc, properties_bytes, unique_key), Py_None (new reference)
+ * when the message is not the common case, NULL on an error. */
 static PyObject *prepare_common(PyObject *message, PyObject *valid_topics, long long max_queue_id,
                                 long long max_message_size, PyObject *suffixes, PyObject *templates,
                                 PyObject *uniq_property, PyObject *key_prefix, PyObject *counter,
                                 PyObject *crc32, long long segment_size) {
-    PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *attr = NULL, *key = NULL, *result = NULL;
-    PyObject *unique_key = NULL, *properties_bytes = NULL, *crc = NULL;
-    PyObject *suffix = NULL, *template = NULL;  /* owned here: getting later attributes may run Python */
-    int common = 0;
-#define GET(var, name) if ((var = PyObject_GetAttr(message, name)) == NULL) goto done
-    GET(topic, str_topic);
-    if (!PyUnicode_CheckExact(topic)) goto done_common;
-    int known = PySet_Contains(valid_topics, topic);
-    if (known < 0) goto done;
-    if (!known) goto done_common;
-    GET(queue_id, str_queue_id);
-    if (!PyLong_CheckExact(queue_id)) goto done_common;
-    int overflow = 0;
-    long long qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
-    if (qid == -1 && PyErr_Occurred()) goto done;
-    if (overflow || qid < 0 || qid > max_queue_id) goto done_common;
-    GET(body, str_body);
-    if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > max_message_size) goto done_common;
-    int f;
-    if ((f = fits(message, str_flag, 32, 0)) <= 0 || (f = fits(message, str_sysflag, 32, 0)) <= 0 ||
-        (f = fits(message, str_reconsume_times, 32, 0)) <= 0 ||
-        (f = fits(message, str_prepared_transaction_offset, 64, 0)) <= 0 ||
-        (f = fits(message, str_born_timestamp, 64, 1)) <= 0) {
-        if (f < 0) goto done;
-        goto done_common;
-    }
-    GET(attr, str_properties);
-    int truth = PyObject_IsTrue(attr);
-    Py_CLEAR(attr);
-    if (truth < 0) goto done;
-    if (truth) goto done_common;
-    GET(attr, str_keys);
-    truth = PyObject_IsTrue(attr);
-    Py_CLEAR(attr);
-    if (truth < 0) goto done;
-    if (truth) goto done_common;
-    GET(attr, str_tags);
-    suffix = PyDict_GetItemWithError(suffixes, attr);
-    Py_CLEAR(attr);
-    if (suffix == NULL) {
-        if (PyErr_Occurred()) goto done;
-        goto done_common;
-    }
-    Py_INCREF(suffix);
-    GET(attr, str_born_host);
-    key = PyTuple_Pack(2, topic, attr);
-    Py_CLEAR(attr);
-    if (key == NULL) goto done;
-    template = PyDict_GetItemWithError(templates, key);
-    if (template == NULL) {
-        if (PyErr_Occurred()) goto done;
-        goto done_common;
-    }
-    Py_INCREF(template);
     Py_ssize_t prefix_len;
-    const char *prefix = PyUnicode_AsUTF8AndSize(key_prefix, &prefix_len);
-    if (prefix == NULL) goto done;
-    Py_ssize_t properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(suffix);
-    PyObject *native = PyObject_GetAttr(template, str_native);
-    if (native == NULL) goto done;
-    long long fixed_size = PyTuple_Check(native) && PyTuple_GET_SIZE(native) == 8
-                               ? PyLong_AsLongLong(PyTuple_GET_ITEM(native, 7)) : -1;
-    Py_DECREF(native);
-    if (fixed_size < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "template.native is not an 8-tuple");
-        goto done;
-    }
-    if (properties_len > 32767 || fixed_size + PyBytes_GET_SIZE(body) + properties_len + 8 > segment_size)
-        goto done_common;  /* the Python encoder raises the error */
-
+    const char *prefix = key_prefix_utf8(key_prefix, &prefix_len);
+    if (prefix == NULL) return NULL;
+    Common c;
+    int common = read_common(message, valid_topics, max_queue_id, max_message_size, suffixes, templates,
+                             uniq_property, prefix_len, segment_size, &c);
+    if (common < 0) return NULL;
+    if (common == 0) Py_RETURN_NONE;
+    PyObject *result = NULL, *properties_bytes = NULL;
     char text[128];
-    if (prefix_len > 100) {
-        PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
-        goto done;
-    }
-    unique_key = next_unique_key(counter, prefix, prefix_len, text);
+    PyObject *unique_key = next_unique_key(counter, prefix, prefix_len, text);
     if (unique_key == NULL) goto done;
-    properties_bytes = PyBytes_FromStringAndSize(NULL, properties_len);
+    properties_bytes = PyBytes_FromStringAndSize(NULL, c.properties_len);
     if (properties_bytes == NULL) goto done;
-    char *out = PyBytes_AS_STRING(properties_bytes);
-    memcpy(out, PyBytes_AS_STRING(uniq_property), PyBytes_GET_SIZE(uniq_property));
-    out += PyBytes_GET_SIZE(uniq_property);
-    memcpy(out, text, prefix_len + 12);
-    out += prefix_len + 12;
-    memcpy(out, PyBytes_AS_STRING(suffix), PyBytes_GET_SIZE(suffix));
-    crc = PyObject_CallOneArg(crc32, body);
-    if (crc == NULL) goto done;
-    unsigned long long c = PyLong_AsUnsignedLongLongMask(crc);
-    if (c == (unsigned long long)-1 && PyErr_Occurred()) goto done;
-    result = Py_BuildValue("(OOkOO)", template, body, (unsigned long)(c & 0x7FFFFFFFUL), properties_bytes, unique_key);
-    goto done;
-done_common:
-    common = 1;
+    write_common_properties(PyBytes_AS_STRING(properties_bytes), uniq_property, text, prefix_len + 12, &c);
+    long long crc = body_crc(crc32, c.body);
+    if (crc < 0) goto done;
+    result = Py_BuildValue("(OOLOO)", c.template, c.body, crc, properties_bytes, unique_key);
 done:
-#undef GET
-    Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(attr); Py_XDECREF(key);
-    Py_XDECREF(unique_key); Py_XDECREF(properties_bytes); Py_XDECREF(crc);
-    Py_XDECREF(suffix); Py_XDECREF(template);
-    if (common && !PyErr_Occurred()) Py_RETURN_NONE;
+    Py_XDECREF(unique_key);
+    Py_XDECREF(properties_bytes);
+    common_clear(&c);
     return result;
 }
 
@@ -510,7 +556,7 @@ static PyObject *prepare_messages(PyObject *self, PyObject *args) {
 /* put_common(state, message) -> PutResult, or None when the message is not the common case.
  *
  * `MessageStore.put` for one common message, the append lock held: the checks of
- * `prepare_common` and the record of `write_records` in one pass, reading each attribute of the
+ * `read_common` and the record of `write_records` in one pass, reading each attribute of the
  * message once (it must be a Message itself, no subclass, so that reading is side-effect free),
  * and writing the properties straight into the log.  Returns None, having changed nothing (no
  * clock read, no unique key taken), when anything is unusual: another type or an unknown topic,
@@ -553,100 +599,21 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
 
     /* Everything below until `decided` only reads: anything unusual is `not_common`.  Every
      * reference taken is released at `done`. */
-    PyObject *topic = NULL, *queue_id = NULL, *body = NULL, *born_obj = NULL, *attr = NULL, *born_host = NULL;
-    PyObject *key = NULL, *template = NULL, *suffix = NULL, *native = NULL, *prefix_obj = NULL, *counter = NULL;
-    PyObject *segment = NULL, *mm = NULL, *result = NULL, *unique_key = NULL, *crc = NULL;
+    PyObject *attr = NULL, *key = NULL, *prefix_obj = NULL, *counter = NULL, *segment = NULL, *mm = NULL;
+    PyObject *result = NULL, *unique_key = NULL;
+    Common c = {0};
     Py_buffer view = {0};
     int have_view = 0;
-    long long flag, sysflag, reconsume_times, prepared_offset, born_timestamp = 0, qid;
 #define GET(var, obj, name) if ((var = PyObject_GetAttr(obj, name)) == NULL) goto done
-#define INT_FIELD(out, name, bits)                                                                   \
-    do {                                                                                             \
-        GET(attr, message, name);                                                                    \
-        if (!PyLong_Check(attr)) goto not_common;                                                    \
-        int overflow_ = 0;                                                                           \
-        out = PyLong_AsLongLongAndOverflow(attr, &overflow_);                                        \
-        if (out == -1 && PyErr_Occurred()) goto done;                                                \
-        if (overflow_ || (bits == 32 && (out < INT32_MIN || out > INT32_MAX))) goto not_common;      \
-        Py_CLEAR(attr);                                                                              \
-    } while (0)
-
-    GET(topic, message, str_topic);
-    if (!PyUnicode_CheckExact(topic)) goto not_common;
-    int known = PySet_Contains(valid_topics, topic);
-    if (known < 0) goto done;
-    if (!known) goto not_common;
-    GET(queue_id, message, str_queue_id);
-    if (!PyLong_CheckExact(queue_id)) goto not_common;
-    int overflow = 0;
-    qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
-    if (qid == -1 && PyErr_Occurred()) goto done;
-    if (overflow || qid < 0 || qid > max_queue_id) goto not_common;
-    GET(body, message, str_body);
-    if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > max_message_size) goto not_common;
-    INT_FIELD(flag, str_flag, 32);
-    INT_FIELD(sysflag, str_sysflag, 32);
-    INT_FIELD(reconsume_times, str_reconsume_times, 32);
-    INT_FIELD(prepared_offset, str_prepared_transaction_offset, 64);
-    GET(born_obj, message, str_born_timestamp);
-    if (born_obj != Py_None) {
-        if (!PyLong_Check(born_obj)) goto not_common;
-        born_timestamp = PyLong_AsLongLongAndOverflow(born_obj, &overflow);
-        if (born_timestamp == -1 && PyErr_Occurred()) goto done;
-        if (overflow) goto not_common;
-    }
-    /* no properties or keys, a str tag, a (str, int) born host: testing and hashing them runs no
-     * Python code, which must not run with the append lock held (it might put) */
-    GET(attr, message, str_properties);
-    if (!PyDict_CheckExact(attr) || PyDict_GET_SIZE(attr) != 0) goto not_common;
-    Py_CLEAR(attr);
-    GET(attr, message, str_keys);
-    if (attr != Py_None && !(PyList_CheckExact(attr) && PyList_GET_SIZE(attr) == 0)) goto not_common;
-    Py_CLEAR(attr);
-    GET(attr, message, str_tags);
-    if (attr != Py_None && !PyUnicode_CheckExact(attr)) goto not_common;
-    suffix = PyDict_GetItemWithError(suffixes, attr);
-    Py_CLEAR(attr);
-    if (suffix == NULL) {
-        if (PyErr_Occurred()) goto done;
-        goto not_common;
-    }
-    Py_INCREF(suffix);
-    if (!PyBytes_Check(suffix)) goto not_common;
-    GET(born_host, message, str_born_host);
-    if (!PyTuple_CheckExact(born_host) || PyTuple_GET_SIZE(born_host) != 2 ||
-        !PyUnicode_CheckExact(PyTuple_GET_ITEM(born_host, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(born_host, 1)))
-        goto not_common;
-    key = PyTuple_Pack(2, topic, born_host);
-    if (key == NULL) goto done;
-    template = PyDict_GetItemWithError(templates, key);
-    Py_CLEAR(key);
-    if (template == NULL) {
-        if (PyErr_Occurred()) goto done;
-        goto not_common;
-    }
-    Py_INCREF(template);
-    GET(native, template, str_native);
-    Native nat;
-    if (unpack_native(native, &nat) < 0) goto done;
-    long long magic = nat.magic, sysflag_bits = nat.sysflag_bits, born_port = nat.born_port, store_port = nat.store_port;
-    long long fixed_size = nat.fixed_size;
-    PyObject *born_ip = nat.born_ip, *store_ip = nat.store_ip, *topic_part = nat.topic_part;
     GET(prefix_obj, unique_keys, str_prefix);
     Py_ssize_t prefix_len;
-    const char *prefix = PyUnicode_Check(prefix_obj) ? PyUnicode_AsUTF8AndSize(prefix_obj, &prefix_len) : NULL;
-    if (prefix == NULL) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "the unique-key prefix is not a str");
-        goto done;
-    }
-    if (prefix_len > 100) {
-        PyErr_SetString(PyExc_ValueError, "the unique-key prefix is too long");
-        goto done;
-    }
-    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
-    Py_ssize_t properties_len = PyBytes_GET_SIZE(uniq_property) + prefix_len + 12 + PyBytes_GET_SIZE(suffix);
-    long long size = fixed_size + body_len + properties_len;
-    if (properties_len > 32767 || size + 8 > segment_size) goto not_common;  /* the encoder raises the error */
+    const char *prefix = key_prefix_utf8(prefix_obj, &prefix_len);
+    if (prefix == NULL) goto done;
+    int common = read_common(message, valid_topics, max_queue_id, max_message_size, suffixes, templates,
+                             uniq_property, prefix_len, segment_size, &c);
+    if (common < 0) goto done;
+    if (common == 0) goto not_common;
+    long long size = c.size;
 
     /* where it goes: within the active segment's warm pages, or the ordinary path rolls or warms */
     GET(attr, commit_log, str_write_position);
@@ -671,9 +638,9 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_ValueError, "the warm region lies outside the active segment's mapping");
         goto done;
     }
-    long long transaction = sysflag & TRANSACTION_TYPE_MASK;
+    long long transaction = c.sysflag & TRANSACTION_TYPE_MASK;
     int takes_offset = !transaction || transaction == TRANSACTION_COMMIT;
-    key = PyTuple_Pack(2, topic, queue_id);
+    key = PyTuple_Pack(2, c.topic, c.queue_id);
     if (key == NULL) goto done;
     long long queue_offset = 0;
     if (takes_offset) {
@@ -699,15 +666,12 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
         Py_DECREF(now);
         if (store_timestamp == -1 && PyErr_Occurred()) goto done;
     }
-    if (born_obj == Py_None) born_timestamp = store_timestamp;  /* the producer's time is unknown */
+    long long born_timestamp = c.born_obj == Py_None ? store_timestamp : c.born_timestamp;  /* unknown: now */
     char text[128];
     unique_key = next_unique_key(counter, prefix, prefix_len, text);
     if (unique_key == NULL) goto done;
-    crc = PyObject_CallOneArg(crc32, body);
-    if (crc == NULL) goto done;
-    unsigned long long body_crc = PyLong_AsUnsignedLongLongMask(crc);
-    if (body_crc == (unsigned long long)-1 && PyErr_Occurred()) goto done;
-    body_crc &= 0x7FFFFFFFULL;
+    long long crc = body_crc(crc32, c.body);
+    if (crc < 0) goto done;
     /* the result and the new values before the write, so that no failure can follow a written record */
     PyObject *items[6] = {PyLong_FromLongLong(offset), PyLong_FromLongLong(size), PyLong_FromLongLong(queue_offset),
                           unique_key, PyLong_FromLongLong(store_timestamp), store_host};
@@ -728,17 +692,14 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     for (int k = 0; k < 6; k++) PyTuple_SET_ITEM(result, k, items[k]);  /* tuple.__new__(PutResult, fields) */
 
     unsigned char *p = (unsigned char *)view.buf + (offset - base);
-    p = write_head(p, size, magic, (long long)body_crc, qid, flag, queue_offset, offset,
-                   (sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits, born_timestamp,
-                   born_ip, born_port, store_timestamp, store_ip, store_port, reconsume_times, prepared_offset,
-                   body, body_len, topic_part);
-    *p++ = (unsigned char)(properties_len >> 8);
-    *p++ = (unsigned char)properties_len;
-    memcpy(p, PyBytes_AS_STRING(uniq_property), PyBytes_GET_SIZE(uniq_property));
-    p += PyBytes_GET_SIZE(uniq_property);
-    memcpy(p, text, prefix_len + 12);
-    p += prefix_len + 12;
-    memcpy(p, PyBytes_AS_STRING(suffix), PyBytes_GET_SIZE(suffix));
+    const Native *nat = &c.nat;
+    p = write_head(p, size, nat->magic, crc, c.qid, c.flag, queue_offset, offset,
+                   (c.sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | nat->sysflag_bits, born_timestamp,
+                   nat->born_ip, nat->born_port, store_timestamp, nat->store_ip, nat->store_port, c.reconsume_times,
+                   c.prepared_offset, c.body, PyBytes_GET_SIZE(c.body), nat->topic_part);
+    *p++ = (unsigned char)(c.properties_len >> 8);
+    *p++ = (unsigned char)c.properties_len;
+    write_common_properties((char *)p, uniq_property, text, prefix_len + 12, &c);
 
     /* the record is written: account for it (these only fail for want of memory) */
     int failed = PyObject_SetAttr(commit_log, str_write_position, end_obj) < 0;
@@ -755,12 +716,10 @@ not_common:
     Py_INCREF(result);
 done:
 #undef GET
-#undef INT_FIELD
     if (have_view) PyBuffer_Release(&view);
-    Py_XDECREF(topic); Py_XDECREF(queue_id); Py_XDECREF(body); Py_XDECREF(born_obj); Py_XDECREF(attr);
-    Py_XDECREF(born_host); Py_XDECREF(key); Py_XDECREF(template); Py_XDECREF(suffix); Py_XDECREF(native);
-    Py_XDECREF(prefix_obj); Py_XDECREF(counter); Py_XDECREF(segment); Py_XDECREF(mm); Py_XDECREF(unique_key);
-    Py_XDECREF(crc);
+    common_clear(&c);
+    Py_XDECREF(attr); Py_XDECREF(key); Py_XDECREF(prefix_obj); Py_XDECREF(counter); Py_XDECREF(segment);
+    Py_XDECREF(mm); Py_XDECREF(unique_key);
     return result;
 }
 
