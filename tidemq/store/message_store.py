@@ -306,11 +306,10 @@ class MessageStore:
         before the caller may call it stored (see `await_flush`).  Raises as `put` and
         `put_batch` do when nothing, or only part of a batch, is stored."""
         if type(messages) is not list:
-            result = self._append_one(messages)
-            if self.group_commit is None:
-                self._wake_dispatcher()
-            return result, result.commit_log_offset + result.size
-        results, end = self._append(messages)
+            results = self._append_one(messages)
+            end = results.commit_log_offset + results.size
+        else:
+            results, end = self._append(messages)
         if self.group_commit is None:
             self._wake_dispatcher()
         return results, end
