@@ -351,3 +351,34 @@ def test_a_request_arriving_in_pieces_of_any_size(served):
         assert b"".join(p for t, _, s, p in got if t == 0 and s == 1)[5:] == message
     finally:
         client.close()
+
+
+def test_a_whole_request_over_the_limit_in_one_frame_is_refused_with_one_reset():
+    """A request whose only DATA frame ends the stream goes the one-message way: the size limit
+    holds there too.  A refused request still being sent is reset once, not twice."""
+    async def scenario():
+        server = GrpcServer(Service().methods(), max_receive_message_length=100)
+        port = await server.start("127.0.0.1:0")
+        loop = asyncio.get_running_loop()
+
+        def client_side():
+            client = RawClient(f"127.0.0.1:{port}")
+            try:
+                client.request(1, SERVICE + "Echo", b"y" * 101)  # one DATA frame, END_STREAM
+                got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
+                assert ("grpc-status", str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) in client.decoder.decode(got[-1][3])
+                client.request(3, SERVICE + "Echo", b"z" * 200, end=False)  # refused while still sending
+                got = client.frames(lambda f: f[0] == 3 and f[2] == 3)  # its RST_STREAM
+                client.request(5, SERVICE + "Echo", b"ok")
+                got += client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 5)
+                assert [f[0] for f in got if f[2] == 3].count(3) == 1
+                assert b"".join(p for t, _, s, p in got if t == 0 and s == 5)[5:] == b"ok"
+            finally:
+                client.close()
+
+        try:
+            await loop.run_in_executor(None, client_side)
+        finally:
+            await server.stop(1.0)
+
+    asyncio.run(scenario())

@@ -249,10 +249,6 @@ class _Resume:
                     return stop.value
 
 
-async def _resumed(coroutine, waiting):
-    return await _Resume(coroutine, waiting)
-
-
 class GrpcServer:
     """Serves `methods` ({"/package.Service/Method": Method}) on the running event loop."""
 
@@ -335,7 +331,7 @@ class GrpcServer:
         except StopIteration as stop:
             respond(rpc, stop.value)
             return
-        self._spawn(rpc, self._respond_later(rpc, _resumed(response, waiting), respond))
+        self._spawn(rpc, self._respond_later(rpc, _Resume(response, waiting), respond))
 
     def _spawn(self, rpc: Rpc, coroutine) -> None:
         task = rpc.task = self.loop.create_task(coroutine)
@@ -688,7 +684,7 @@ class _Connection(asyncio.Protocol):
                 return None
             if size - position - 5 < length:
                 break
-            message = bytes(received[position + 5:position + 5 + length])
+            message = bytes(memoryview(received)[position + 5:position + 5 + length])
             position += 5 + length
             if compressed:
                 try:
@@ -736,8 +732,9 @@ class _Connection(asyncio.Protocol):
             rpc._deliver(None)
             return
         received = rpc.received
-        if len(received) >= 5 and received[0] == 0 and _U32.unpack_from(received, 1)[0] == len(received) - 5:
-            messages = [bytes(received[5:])]  # the usual: one whole uncompressed message
+        if (len(received) >= 5 and received[0] == 0 and _U32.unpack_from(received, 1)[0] == len(received) - 5
+                and len(received) - 5 <= self.server.max_receive_message_length):
+            messages = [bytes(memoryview(received)[5:])]  # the usual: one whole uncompressed message, copied once
         else:
             messages = self._cut_messages(rpc)
             if messages is None:
@@ -820,6 +817,7 @@ class _Connection(asyncio.Protocol):
         """`rpc`'s status is written: the stream is over for the server."""
         if not rpc.remote_closed:
             self._reset(rpc.stream_id, NO_ERROR)  # the client need not send the rest
+            rpc.remote_closed = True  # reset: nothing more comes, and nobody resets it again
         self._drop(rpc, cancelled=False)
 
     def _send_outbound(self, rpc: Rpc) -> None:
