@@ -180,23 +180,32 @@ class IndexFile:
     # -- writing ------------------------------------------------------------------------------------
 
     def append(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray) -> int:
-        """Append entries (commit-log order); returns how many fitted."""
+        """Append entries (commit-log order); returns how many fitted.  The entries and their
+        slots are written by one of three twins that write the same bytes (the compiled loop,
+        NumPy for many, Python for a few), the header last."""
         begin_ts, end_ts, begin_phy, end_phy, slots_count, count = self.header()
         count = max(count, 1)
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
             return 0
-        if COMPILED:
-            return self._append_compiled(hashes, phys, timestamps, n, count, begin_ts, begin_phy, slots_count)
-        if type(hashes) is list:  # a few entries from a trickle (`trickle`): no NumPy at all
-            return self._append_small(hashes[:n], phys[:n], timestamps[:n], count)
-        if n <= SMALL_APPEND:
-            return self._append_small(*(np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)), count)
-        hashes = np.asarray(hashes[:n], dtype=np.int64)
-        phys = np.asarray(phys[:n], dtype=np.int64)
-        timestamps = np.asarray(timestamps[:n], dtype=np.int64)
-        if count == 1:
+        if count == 1:  # the file's first entry names its beginning
             begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
+        if COMPILED:
+            columns = (np.ascontiguousarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps))
+            _index_append(self.mm, self.hash_slots, self.max_entries, count, *columns, begin_ts)
+        elif type(hashes) is list:  # a few entries from a trickle (`trickle`): no NumPy at all
+            self._write_small(hashes[:n], phys[:n], timestamps[:n], count, begin_ts)
+        elif n <= SMALL_APPEND:
+            self._write_small(*(np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)), count, begin_ts)
+        else:
+            self._write_numpy(*(np.asarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps)), count, begin_ts)
+        HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n)
+        return n
+
+    def _write_numpy(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, count: int, begin_ts: int) -> None:
+        """The entries from index `count` on and their slots, with NumPy: a batch's chains are
+        linked with a stable sort by slot."""
+        n = len(hashes)
         index = np.arange(count, count + n, dtype=np.int64)
         slot = hashes % self.hash_slots
         order = np.argsort(slot, kind="stable")
@@ -220,27 +229,12 @@ class IndexFile:
         block["time_diff"] = np.clip(diffs, 0, INT_MAX)
         block["prev"] = previous
         self.slots[slot_sorted[last]] = index_sorted[last]
-        HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[-1]), begin_phy, int(phys[-1]), slots_count, count + n)
-        return n
 
-    def _append_compiled(self, hashes, phys, timestamps, n: int, count: int, begin_ts: int, begin_phy: int, slots_count: int) -> int:
-        """`append` by `_dispatch.index_append`, one entry after the other: the bytes of the
-        NumPy append (tests compare them)."""
-        hashes, phys, timestamps = (np.ascontiguousarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps))
-        if count == 1:
-            begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
-        _index_append(self.mm, self.hash_slots, self.max_entries, count, hashes, phys, timestamps, begin_ts)
-        HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[-1]), begin_phy, int(phys[-1]), slots_count, count + n)
-        return n
-
-    def _append_small(self, hashes: list[int], phys: list[int], timestamps: list[int], count: int) -> int:
-        """`append` one entry at a time (a few entries: NumPy's fixed cost would dominate); the
-        same bytes: a slot's head is followed if it is an entry below indexCount or one this
+    def _write_small(self, hashes: list[int], phys: list[int], timestamps: list[int], count: int, begin_ts: int) -> None:
+        """`_write_numpy` one entry at a time (a few entries: NumPy's fixed cost would dominate);
+        the same bytes: a slot's head is followed if it is an entry below indexCount or one this
         call wrote for the same slot (a crash's leftover head may point at an entry this call
         wrote for another)."""
-        begin_ts, _, begin_phy, _, slots_count, _ = self.header()
-        if count == 1:
-            begin_ts, begin_phy = timestamps[0], phys[0]
         mm = self.mm
         slots_at = HEADER_SIZE
         entries_at = HEADER_SIZE + self.hash_slots * SLOT_SIZE
@@ -256,8 +250,6 @@ class IndexFile:
             _I32.pack_into(mm, slots_at + slot * SLOT_SIZE, index)
             written[index] = slot
             index += 1
-        HEADER.pack_into(mm, 0, begin_ts, timestamps[-1], begin_phy, phys[-1], slots_count, index)
-        return len(hashes)
 
     def truncate(self, commit_log_end: int, store_time_of) -> int:
         """Drop the entries of records at or past `commit_log_end`, restoring the chains, the
