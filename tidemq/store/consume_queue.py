@@ -443,7 +443,7 @@ class ConsumeQueue:
             # burst of new queues (10,000 in one batch in bench/dispatch.py) without opening and
             # mapping each file on its thread, 45 us a queue
             with self._lock:
-                self._files.append(_QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True, lazy=True))
+                self._files.append(self._lazy_file(start))
         else:
             self._add_file(start)  # mapped now: the slots below `first_offset` get the blank
         self._start_at(first_offset)
@@ -458,13 +458,16 @@ class ConsumeQueue:
         if first_offset % units_per_file or not first_offset < end <= first_offset + units_per_file:
             raise ValueError(f"{topic}/{queue_id}: slots [{first_offset}, {end}) are not in one file starting at the first")
         cq = cls(root, topic, queue_id, units_per_file, load=False, table=table)
-        cq._files.append(_QueueFile(f"{cq._directory}/{file_name(first_offset * UNIT_SIZE)}", first_offset, cq.file_size,
-                                    create=True, lazy=True))
+        cq._files.append(cq._lazy_file(first_offset))
         cq.min_offset = first_offset
-        row = cq.row
-        table.files_end[row] = first_offset + units_per_file
-        table.frontiers[row] = end
+        cq._files_changed()
+        cq.commit_frontier = end
         return cq
+
+    def _lazy_file(self, start: int) -> _QueueFile:
+        """The queue's file starting at slot `start`, mapped when first used (and made then if no
+        worker has made it)."""
+        return _QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True, lazy=True)
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write and commit one unit (sequential dispatch); True if the frontier moved."""
