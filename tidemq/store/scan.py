@@ -153,7 +153,7 @@ class RecordColumns:
             hashes = hashes.copy()
             for entry, row, first, last in slow:
                 text = bytes(self.buffer[first:last]).decode("utf-8", "replace")
-                hashes[entry] = key_hash(index_key(names[self.topic_ids[row]], text))
+                hashes[entry] = key_hash(index_key(self.topic(row), text))
         return hashes, self.offsets[rows], self.store_timestamps[rows]
 
     def index_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -335,8 +335,7 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int)
     positions, queue_offsets, timestamps, codes, starts, ends, uniq_first, uniq_last, keys_first, keys_last = wide[:, :count]
     sizes, queue_ids, sysflags, topic_ids, final_codes = narrow[:, :count]
     for k in np.flatnonzero(final_codes == 0).tolist():
-        tags = property_value(buf, int(starts[k]), int(ends[k]), PROPERTY_TAGS)
-        codes[k] = java_string_hash(tags) if tags else 0
+        codes[k] = tags_code(property_value(buf, int(starts[k]), int(ends[k]), PROPERTY_TAGS))
     return RecordColumns(
         buffer=buf,
         base_offset=base_offset,
