@@ -304,8 +304,7 @@ class BatchBuilder:
                 error = f"{type(rec).__name__} at commit-log offset {end}" + (
                     f": {rec.reason}" if type(rec) is record.Invalid else ""
                 )
-        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
-            os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
+        self._exit_if_orphaned()
         if self.between_steps is not None:
             self.between_steps()
         queues, handovers = self._write_units(columns, task.batch_id) if len(columns) else (QueueRuns.empty(), [])
@@ -348,8 +347,7 @@ class BatchBuilder:
         if len(phys) and int(phys[0]) < request.skip_below:  # indexed before (a restart below it)
             keep = phys >= request.skip_below
             hashes, phys, times = hashes[keep], phys[keep], times[keep]
-        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
-            os._exit(0)  # orphaned: a reopened store may be recovering the index
+        self._exit_if_orphaned()
         done = 0
         if len(hashes) and request.path is not None:
             index = self._index_file(request.path)
@@ -525,10 +523,15 @@ class BatchBuilder:
             handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
         return runs, handovers
 
+    def _exit_if_orphaned(self) -> None:
+        """A worker whose coordinator died stops before it writes anything: the store is gone,
+        and a reopened one may be recovering the queues and the index."""
+        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
+            os._exit(0)
+
     def write_handover(self, handover: UnitsHandover) -> None:
         """Write the units another builder handed over (of queues this one owns)."""
-        if self.coordinator_pid and os.getppid() != self.coordinator_pid:
-            os._exit(0)  # orphaned: the store is gone, and a reopened one may be recovering
+        self._exit_if_orphaned()
         units = np.frombuffer(handover.units, dtype=UNIT_DTYPE)
         counts = handover.counts.tolist()
         stops = np.cumsum(counts).tolist()
