@@ -125,12 +125,11 @@ def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, 
 
 
 def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
-    layouts = {
-        "10 queues": lambda i: ("bench", i % 10),
-        "10,000 queues": lambda i: (f"bench{i % 10}", (i // 10) % 1000),
-        "one hot queue": lambda i: ("hot", 0),
+    layouts = {  # name: (queue of record i, whether the queue files are many)
+        "10 queues": (lambda i: ("bench", i % 10), False),
+        "10,000 queues": (lambda i: (f"bench{i % 10}", (i // 10) % 1000), True),
+        "one hot queue": (lambda i: ("hot", 0), False),
     }
-    queue_counts = {"10 queues": 10, "10,000 queues": 10_000, "one hot queue": 1}
     print("1. dispatch throughput (entries/s), key index on (UNIQ_KEY + 1 KEYS entry per record);")
     print(f"   each log holds 2 x {count:,} records: the first half creates the queue files, the second")
     print("   half is the steady state.  '1 thread' is the sequential Dispatcher, for reference.  Dirty")
@@ -138,7 +137,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print(f"   Best of {rounds} interleaved rounds.")
     header = f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
     print(header)
-    for name, queue_of in layouts.items():
+    for name, (queue_of, many_files) in layouts.items():
         log_dir = root / f"log-{name.split()[0].replace(',', '')}"
         log = write_log(log_dir, 2 * count, queue_of)
         middle, first_entries = _walk(log, log.write_position // 2)
@@ -155,7 +154,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
                 # builds took 4 GB of disk
                 out = root / f"out-{name.split()[0].replace(',', '')}-{n}-{w}"
                 first, second, entries = build(log, out, w, middle)
-                shutil.rmtree(out if queue_counts[name] < 100 else out / "index", ignore_errors=True)
+                shutil.rmtree(out / "index" if many_files else out, ignore_errors=True)
                 assert entries == 2 * count, (entries, count)
                 best = rates.get(w, (0.0, 0.0))
                 rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second))
