@@ -180,6 +180,23 @@ def test_scan_agrees_on_every_truncation():
         check_agrees(bytes(buf[:length]), starts[1], max(length, starts[1]), 4096)
 
 
+def test_compiled_key_hashes_of_every_length_and_a_non_ascii_byte_anywhere():
+    """The compiled walk hashes a key eight bytes a step, then byte by byte: keys of 0 to 40
+    bytes, all ASCII or with one non-ASCII character at each position (hashed from the decoded
+    text instead), give the hashes of the definition."""
+    keys = ["".join(chr(33 + (i * 7 + n) % 90) for i in range(n)) for n in range(1, 41)]
+    keys += [k[:at] + "é" + k[at:] for k in keys[7:24] for at in range(len(k) + 1)]
+    items = [{"topic": "orders", "body": b"", "queue_id": 0, "queue_offset": i, "born_host": ("127.0.0.1", 1),
+              "store_host": ("127.0.0.1", 10911), "sysflag": 0, "store_timestamp": 5,
+              "properties": record.encode_properties({record.PROPERTY_UNIQ_KEY: key, "KEYS": f"{key} x{key}"})}
+             for i, key in enumerate(keys)]
+    buf, _ = build_log(items, 0, "end", 0)
+    columns = scan(bytes(buf), 0, len(buf), 0)
+    assert len(columns) == len(keys)
+    expected = key_hashes([f"orders#{k}" for key in keys for k in (key, key, "x" + key)])
+    assert columns.index_keys()[0].tolist() == expected.tolist()
+
+
 def test_scan_of_a_mapping_keeps_no_export(tmp_path):
     """The columns hold the mapping itself, not a NumPy view of it: it can still be closed."""
     import mmap
