@@ -121,8 +121,13 @@ def check_agrees(buf, start: int, stop: int, base: int) -> None:
 
 
 def check_agrees_once(buf, start: int, stop: int, base: int) -> None:
+    for keys in (False, True):  # the compiled walk makes the key index's entries itself when asked for keys
+        check_agrees_once_with(buf, start, stop, base, keys)
+
+
+def check_agrees_once_with(buf, start: int, stop: int, base: int, keys: bool) -> None:
     requests, end = reference(bytes(buf), start, stop, base)
-    columns = scan(buf, start, stop, base)
+    columns = scan(buf, start, stop, base, keys=keys)
     assert columns.end == end
     assert len(columns) == len(requests)
     got = [DispatchRequest.from_columns(columns, i) for i in range(len(columns))]
@@ -191,10 +196,28 @@ def test_compiled_key_hashes_of_every_length_and_a_non_ascii_byte_anywhere():
               "properties": record.encode_properties({record.PROPERTY_UNIQ_KEY: key, "KEYS": f"{key} x{key}"})}
              for i, key in enumerate(keys)]
     buf, _ = build_log(items, 0, "end", 0)
-    columns = scan(bytes(buf), 0, len(buf), 0)
-    assert len(columns) == len(keys)
     expected = key_hashes([f"orders#{k}" for key in keys for k in (key, key, "x" + key)])
-    assert columns.index_keys()[0].tolist() == expected.tolist()
+    for hashed_in_the_walk in (False, True):
+        columns = scan(bytes(buf), 0, len(buf), 0, keys=hashed_in_the_walk)
+        assert len(columns) == len(keys)
+        assert columns.index_keys()[0].tolist() == expected.tolist()
+
+
+def test_the_walks_key_entries_stop_with_the_rows_at_a_topic_that_is_not_utf8():
+    """The compiled walk hashes keys before Python decodes the topics; rows cut at the first
+    topic that is not UTF-8 take their entries with them."""
+    items = [{"topic": topic, "body": b"b", "queue_id": 0, "queue_offset": i, "born_host": ("127.0.0.1", 1),
+              "store_host": ("127.0.0.1", 10911), "sysflag": 0, "store_timestamp": 5,
+              "properties": record.encode_properties({record.PROPERTY_UNIQ_KEY: f"u{i}", "KEYS": f"k{i} é{i}"})}
+             for i, topic in enumerate(["good", "good", "BADTOPIC", "good"])]
+    buf, starts = build_log(items, 0, "end", 0)
+    at = buf.index(b"BADTOPIC", starts[2])
+    buf[at : at + 2] = b"\xff\xfe"
+    columns = scan(bytes(buf), 0, len(buf), 0, keys=True)
+    assert len(columns) == 2
+    hashes, phys, _ = columns.index_keys()
+    assert hashes.tolist() == key_hashes([f"good#{k}" for i in range(2) for k in (f"u{i}", f"k{i}", f"é{i}")]).tolist()
+    assert phys.tolist() == [starts[0]] * 3 + [starts[1]] * 3
 
 
 def test_scan_of_a_mapping_keeps_no_export(tmp_path):

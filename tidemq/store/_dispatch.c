@@ -25,7 +25,9 @@
  * first \x01, and the last segment of a name wins (record.decode_properties).
  *
  * Returns (count, end, topics): the rows filled, the buffer position where the walk stopped (the
- * end of the last record taken, or `start`), and the distinct topics' raw bytes by id.  A record is
+ * end of the last record taken, or `start`), and the distinct topics' raw bytes by id; with a true
+ * eighth argument `keys`, (count, end, topics, entries), `entries` being what `index_entries`
+ * returns for the rows, hashed as the walk reads each record's properties.  A record is
  * taken only if it starts before `soft_stop` and before stop - 90, ends at or before `stop`, and
  * passes every check; the walk stops at the first that does not, or when `capacity` rows are full.
  * Topic bytes are not decoded here: the caller cuts the rows at the first topic that is not UTF-8.
@@ -71,6 +73,8 @@ typedef struct {
     Py_ssize_t *len;   /* per id: their length */
     int32_t *slots;    /* id + 1, or 0 for an empty slot */
     uint32_t *hashes;  /* per id */
+    uint32_t *prefixes;  /* per id: Java hash of "topic#" for the key index (when ASCII) */
+    unsigned char *ascii;  /* per id: 1 if every byte is ASCII */
     Py_ssize_t count, capacity, mask;
 } TopicTable;
 
@@ -87,14 +91,18 @@ static int table_init(TopicTable *t) {
     t->at = malloc(t->capacity * sizeof(Py_ssize_t));
     t->len = malloc(t->capacity * sizeof(Py_ssize_t));
     t->hashes = malloc(t->capacity * sizeof(uint32_t));
+    t->prefixes = malloc(t->capacity * sizeof(uint32_t));
+    t->ascii = malloc(t->capacity);
     t->slots = calloc(t->mask + 1, sizeof(int32_t));
-    return t->at && t->len && t->hashes && t->slots ? 0 : -1;
+    return t->at && t->len && t->hashes && t->prefixes && t->ascii && t->slots ? 0 : -1;
 }
 
 static void table_free(TopicTable *t) {
     free(t->at);
     free(t->len);
     free(t->hashes);
+    free(t->prefixes);
+    free(t->ascii);
     free(t->slots);
 }
 
@@ -110,6 +118,12 @@ static int table_grow(TopicTable *t) {
     uint32_t *hashes = realloc(t->hashes, capacity * sizeof(uint32_t));
     if (!hashes) return -1;
     t->hashes = hashes;
+    uint32_t *prefixes = realloc(t->prefixes, capacity * sizeof(uint32_t));
+    if (!prefixes) return -1;
+    t->prefixes = prefixes;
+    unsigned char *ascii = realloc(t->ascii, capacity);
+    if (!ascii) return -1;
+    t->ascii = ascii;
     int32_t *slots = calloc(mask + 1, sizeof(int32_t));
     if (!slots) return -1;
     for (Py_ssize_t id = 0; id < t->count; id++) {
@@ -142,6 +156,14 @@ static Py_ssize_t table_id(TopicTable *t, const unsigned char *buf, Py_ssize_t a
     t->at[id] = at;
     t->len[id] = n;
     t->hashes[id] = h;
+    uint32_t prefix = 0;
+    unsigned char ascii = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ascii &= buf[at + i] < 0x80;
+        prefix = prefix * 31u + buf[at + i];
+    }
+    t->prefixes[id] = prefix * 31u + '#';
+    t->ascii[id] = ascii;
     t->slots[s] = (int32_t)(id + 1);
     return id;
 }
@@ -173,6 +195,120 @@ static void find_properties(const unsigned char *buf, Py_ssize_t first, Py_ssize
     }
 }
 
+/* One key's entry: abs(Java hash of "topic#key") as IndexFile keeps it (Integer.MIN_VALUE as 0),
+   from the topic's prefix hash (of "topic#") and the key's bytes; -1 if a byte is not ASCII. */
+static int64_t key_entry_hash(uint32_t prefix, const unsigned char *p, Py_ssize_t n) {
+    uint32_t h = prefix;
+    Py_ssize_t i = 0;
+    /* eight bytes a step, h * 31^8 + p[0] * 31^7 + ... + p[7] (mod 2^32): the products do not
+       wait for each other, where a byte at a time waits for each multiply (3 times faster on a
+       32-character UNIQ_KEY) */
+    for (; i + 8 <= n; i += 8) {
+        uint64_t word;
+        memcpy(&word, p + i, 8);
+        if (word & 0x8080808080808080ull) return -1;
+        const unsigned char *q = p + i;
+        h = h * 2487512833u + q[0] * 1742810335u + q[1] * 887503681u + q[2] * 28629151u + q[3] * 923521u +
+            q[4] * 29791u + q[5] * 961u + q[6] * 31u + q[7];
+    }
+    for (; i < n; i++) {
+        if (p[i] >= 0x80) return -1;
+        h = h * 31u + p[i];
+    }
+    int32_t v = (int32_t)h;
+    return v == INT32_MIN ? 0 : (v < 0 ? -(int64_t)v : v);
+}
+
+/* The key index's entries of a run of rows, in order, as they are found; `slow` holds
+   (entry, row, first, last) for each key the caller hashes from its decoded text (it or its
+   topic is not ASCII: its entry has hash 0 meanwhile).  Plain malloc: the walk fills it without
+   the GIL. */
+typedef struct {
+    int32_t *hashes;
+    int64_t *rows;
+    Py_ssize_t count, capacity;
+    Py_ssize_t *slow;
+    Py_ssize_t slow_count, slow_capacity;
+} Entries;
+
+static int grow(void **array, Py_ssize_t *capacity, Py_ssize_t itemsize, Py_ssize_t first) {
+    Py_ssize_t wanted = *capacity ? *capacity * 2 : first;
+    void *grown = realloc(*array, wanted * itemsize);
+    if (!grown) return -1;
+    *array = grown;
+    *capacity = wanted;
+    return 0;
+}
+
+static void entries_free(Entries *e) {
+    free(e->hashes);
+    free(e->rows);
+    free(e->slow);
+}
+
+static int add_key(Entries *e, uint32_t prefix, int ascii_topic, const unsigned char *buf, Py_ssize_t row, Py_ssize_t first,
+                   Py_ssize_t last) {
+    if (e->count == e->capacity) {
+        Py_ssize_t capacity = e->capacity;
+        if (grow((void **)&e->hashes, &capacity, sizeof(int32_t), 1024) < 0) return -1;
+        capacity = e->capacity;
+        if (grow((void **)&e->rows, &capacity, sizeof(int64_t), 1024) < 0) return -1;
+        e->capacity = capacity;
+    }
+    int64_t hash = ascii_topic ? key_entry_hash(prefix, buf + first, last - first) : -1;
+    if (hash < 0) {
+        if (e->slow_count + 4 > e->slow_capacity && grow((void **)&e->slow, &e->slow_capacity, sizeof(Py_ssize_t), 64) < 0)
+            return -1;
+        Py_ssize_t *quad = e->slow + e->slow_count;
+        quad[0] = e->count;
+        quad[1] = row;
+        quad[2] = first;
+        quad[3] = last;
+        e->slow_count += 4;
+        hash = 0;
+    }
+    e->hashes[e->count] = (int32_t)hash;
+    e->rows[e->count++] = row;
+    return 0;
+}
+
+/* One record's entries: its UNIQ_KEY, then each non-empty space-separated KEYS entry, unless it is
+   a ROLLBACK.  `ranges` are [first, last) of the two values, or -1. */
+static int record_keys(Entries *e, const unsigned char *buf, Py_ssize_t row, int32_t sysflag, uint32_t prefix, int ascii_topic,
+                       Py_ssize_t uniq_first, Py_ssize_t uniq_last, Py_ssize_t keys_first, Py_ssize_t keys_last) {
+    if ((sysflag & 0xC) == 0xC) return 0;  /* a ROLLBACK is not indexed */
+    if (uniq_first >= 0 && uniq_last > uniq_first && add_key(e, prefix, ascii_topic, buf, row, uniq_first, uniq_last) < 0)
+        return -1;
+    if (keys_first < 0) return 0;
+    Py_ssize_t at = keys_first;
+    while (at < keys_last) {
+        while (at < keys_last && buf[at] == ' ') at++;
+        Py_ssize_t token = at;
+        while (at < keys_last && buf[at] != ' ') at++;
+        if (at > token && add_key(e, prefix, ascii_topic, buf, row, token, at) < 0) return -1;
+    }
+    return 0;
+}
+
+/* (hashes, rows, slow): the entries as bytes (int32, int64) and the slow keys as a list of
+   (entry, row, first, last); NULL with an exception set on failure. */
+static PyObject *entries_result(Entries *e) {
+    PyObject *slow = PyList_New(e->slow_count / 4);
+    if (!slow) return NULL;
+    for (Py_ssize_t i = 0; i < e->slow_count / 4; i++) {
+        Py_ssize_t *quad = e->slow + 4 * i;
+        PyObject *item = Py_BuildValue("nnnn", quad[0], quad[1], quad[2], quad[3]);
+        if (!item) {
+            Py_DECREF(slow);
+            return NULL;
+        }
+        PyList_SET_ITEM(slow, i, item);
+    }
+    /* y# makes None of a NULL pointer: no entries are empty bytes */
+    return Py_BuildValue("y#y#N", e->count ? (const char *)e->hashes : "", e->count * (Py_ssize_t)sizeof(int32_t),
+                         e->count ? (const char *)e->rows : "", e->count * (Py_ssize_t)sizeof(int64_t), slow);
+}
+
 typedef struct {
     const unsigned char *buf;
     Py_ssize_t start, stop, soft_stop, capacity;
@@ -180,6 +316,8 @@ typedef struct {
     int64_t *wide;
     int32_t *narrow;
     TopicTable topics;
+    int keys;  /* make the key index's entries too */
+    Entries entries;
     Py_ssize_t count, end;
     int failed;  /* out of memory */
 } Walk;
@@ -241,6 +379,12 @@ static void walk(Walk *w) {
         props[n] = properties_at;
         ends[n] = end;
         for (int k = 0; k < 4; k++) key_ranges[k * cap + n] = ranges[2 + k];
+        /* hashed here, the bytes just read, rather than read again by a second pass */
+        if (w->keys && record_keys(&w->entries, buf, n, sysflag, w->topics.prefixes[topic_id], w->topics.ascii[topic_id], ranges[2],
+                                   ranges[3], ranges[4], ranges[5]) < 0) {
+            w->failed = 1;
+            break;
+        }
         sizes[n] = size;
         queue_ids[n] = get32(r + 12);
         sysflags[n] = sysflag;
@@ -265,9 +409,11 @@ static PyObject *scan_into(PyObject *self, PyObject *args) {
     Py_buffer data, wide, narrow;
     Py_ssize_t start, stop, soft_stop;
     long long base_offset;
-    if (!PyArg_ParseTuple(args, "y*nnnLw*w*", &data, &start, &stop, &soft_stop, &base_offset, &wide, &narrow)) return NULL;
+    int keys = 0;
+    if (!PyArg_ParseTuple(args, "y*nnnLw*w*|p", &data, &start, &stop, &soft_stop, &base_offset, &wide, &narrow, &keys)) return NULL;
     PyObject *result = NULL;
     Walk w = {0};
+    w.keys = keys;
     if (writable_column_block(&wide, WIDE_COLUMNS, 8, "wide") < 0 || writable_column_block(&narrow, NARROW_COLUMNS, 4, "narrow") < 0)
         goto done;
     w.capacity = wide.len / (WIDE_COLUMNS * 8);
@@ -312,77 +458,21 @@ static PyObject *scan_into(PyObject *self, PyObject *args) {
                 PyList_SET_ITEM(topics, id, raw);
             }
         }
-        if (topics) result = Py_BuildValue("nnN", w.count, w.end, topics);
+        if (topics && keys) {
+            PyObject *entries = entries_result(&w.entries);
+            result = entries ? Py_BuildValue("nnNN", w.count, w.end, topics, entries) : NULL;
+            if (!entries) Py_DECREF(topics);
+        } else if (topics) {
+            result = Py_BuildValue("nnN", w.count, w.end, topics);
+        }
     }
     table_free(&w.topics);
+    entries_free(&w.entries);
 done:
     PyBuffer_Release(&data);
     PyBuffer_Release(&wide);
     PyBuffer_Release(&narrow);
     return result;
-}
-
-/* One key's entry: abs(Java hash of "topic#key") as IndexFile keeps it (Integer.MIN_VALUE as 0),
-   from the topic's prefix hash (of "topic#") and the key's bytes; -1 if a byte is not ASCII. */
-static int64_t key_entry_hash(uint32_t prefix, const unsigned char *p, Py_ssize_t n) {
-    uint32_t h = prefix;
-    Py_ssize_t i = 0;
-    /* eight bytes a step, h * 31^8 + p[0] * 31^7 + ... + p[7] (mod 2^32): the products do not
-       wait for each other, where a byte at a time waits for each multiply (3 times faster on a
-       32-character UNIQ_KEY) */
-    for (; i + 8 <= n; i += 8) {
-        uint64_t word;
-        memcpy(&word, p + i, 8);
-        if (word & 0x8080808080808080ull) return -1;
-        const unsigned char *q = p + i;
-        h = h * 2487512833u + q[0] * 1742810335u + q[1] * 887503681u + q[2] * 28629151u + q[3] * 923521u +
-            q[4] * 29791u + q[5] * 961u + q[6] * 31u + q[7];
-    }
-    for (; i < n; i++) {
-        if (p[i] >= 0x80) return -1;
-        h = h * 31u + p[i];
-    }
-    int32_t v = (int32_t)h;
-    return v == INT32_MIN ? 0 : (v < 0 ? -(int64_t)v : v);
-}
-
-typedef struct {
-    int32_t *hashes;
-    int64_t *rows;
-    Py_ssize_t count, capacity;
-} Entries;
-
-static int entries_add(Entries *e, int64_t hash, int64_t row) {
-    if (e->count == e->capacity) {
-        Py_ssize_t capacity = e->capacity ? e->capacity * 2 : 1024;
-        int32_t *hashes = PyMem_Realloc(e->hashes, capacity * sizeof(int32_t));
-        if (!hashes) return -1;
-        e->hashes = hashes;
-        int64_t *rows = PyMem_Realloc(e->rows, capacity * sizeof(int64_t));
-        if (!rows) return -1;
-        e->rows = rows;
-        e->capacity = capacity;
-    }
-    e->hashes[e->count] = (int32_t)hash;
-    e->rows[e->count++] = row;
-    return 0;
-}
-
-/* A key the caller hashes from its decoded text (it or its topic is not ASCII): its entry is
-   added with hash 0 and (entry, row, first, last) goes to `slow`. */
-static int add_key(Entries *e, PyObject *slow, uint32_t prefix, int ascii_topic, const unsigned char *buf,
-                   Py_ssize_t row, Py_ssize_t first, Py_ssize_t last) {
-    int64_t hash = ascii_topic ? key_entry_hash(prefix, buf + first, last - first) : -1;
-    if (hash < 0) {
-        PyObject *item = Py_BuildValue("nnnn", e->count, row, first, last);
-        if (!item || PyList_Append(slow, item) < 0) {
-            Py_XDECREF(item);
-            return -1;
-        }
-        Py_DECREF(item);
-        hash = 0;
-    }
-    return entries_add(e, hash, row);
 }
 
 static int column(Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t rows, const char *name) {
@@ -405,56 +495,36 @@ static PyObject *index_entries(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*", &data, &uf, &ul, &kf, &kl, &flags, &tids, &prefixes, &ascii))
         return NULL;
     Py_buffer *views[] = {&data, &uf, &ul, &kf, &kl, &flags, &tids, &prefixes, &ascii};
-    PyObject *result = NULL, *slow = NULL;
+    PyObject *result = NULL;
     Entries e = {0};
     Py_ssize_t n = uf.len / 8, topics = ascii.len;
     if (column(&uf, 8, n, "uniq_first") < 0 || column(&ul, 8, n, "uniq_last") < 0 || column(&kf, 8, n, "keys_first") < 0 ||
         column(&kl, 8, n, "keys_last") < 0 || column(&flags, 4, n, "sysflags") < 0 || column(&tids, 4, n, "topic_ids") < 0 ||
         column(&prefixes, 4, topics, "prefixes") < 0 || column(&ascii, 1, topics, "ascii_topics") < 0)
         goto done;
-    slow = PyList_New(0);
-    if (!slow) goto done;
     const unsigned char *buf = data.buf;
     const int64_t *uniq_first = uf.buf, *uniq_last = ul.buf, *keys_first = kf.buf, *keys_last = kl.buf;
     const int32_t *sysflags = flags.buf, *topic_ids = tids.buf;
     const uint32_t *prefix_of = prefixes.buf;
     const unsigned char *ascii_topic = ascii.buf;
     for (Py_ssize_t row = 0; row < n; row++) {
-        if ((sysflags[row] & 0xC) == 0xC) continue;  /* a ROLLBACK is not indexed */
         int32_t topic = topic_ids[row];
         if (topic < 0 || topic >= topics) {
             PyErr_Format(PyExc_ValueError, "row %zd: topic id %d out of range", row, topic);
             goto done;
         }
-        Py_ssize_t ranges[2][2] = {{uniq_first[row], uniq_last[row]}, {keys_first[row], keys_last[row]}};
-        for (int k = 0; k < 2; k++) {
-            Py_ssize_t first = ranges[k][0], last = ranges[k][1];
-            if (first < 0 || last <= first) continue;
-            if (last > data.len) {
-                PyErr_Format(PyExc_ValueError, "row %zd: range [%zd, %zd) past the buffer", row, first, last);
-                goto done;
-            }
-            if (k == 0) {
-                if (add_key(&e, slow, prefix_of[topic], ascii_topic[topic], buf, row, first, last) < 0) goto done;
-                continue;
-            }
-            Py_ssize_t at = first;
-            while (at < last) {
-                while (at < last && buf[at] == ' ') at++;
-                Py_ssize_t token = at;
-                while (at < last && buf[at] != ' ') at++;
-                if (at > token && add_key(&e, slow, prefix_of[topic], ascii_topic[topic], buf, row, token, at) < 0) goto done;
-            }
+        if (uniq_last[row] > data.len || keys_last[row] > data.len) {
+            PyErr_Format(PyExc_ValueError, "row %zd: a key range past the buffer", row);
+            goto done;
         }
+        if (record_keys(&e, buf, row, sysflags[row], prefix_of[topic], ascii_topic[topic], uniq_first[row], uniq_last[row],
+                        keys_first[row], keys_last[row]) < 0)
+            goto done;
     }
-    /* y# makes None of a NULL pointer: no entries are empty bytes */
-    result = Py_BuildValue("y#y#O", e.count ? (const char *)e.hashes : "", e.count * (Py_ssize_t)sizeof(int32_t),
-                           e.count ? (const char *)e.rows : "", e.count * (Py_ssize_t)sizeof(int64_t), slow);
+    result = entries_result(&e);
 done:
     if (!result && !PyErr_Occurred()) PyErr_NoMemory();
-    Py_XDECREF(slow);
-    PyMem_Free(e.hashes);
-    PyMem_Free(e.rows);
+    entries_free(&e);
     for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) PyBuffer_Release(views[i]);
     return result;
 }

@@ -104,6 +104,9 @@ class RecordColumns:
     # the scan was asked for keys, else on first use)
     unique_key_ranges: tuple[np.ndarray, np.ndarray] | None
     keys_ranges: tuple[np.ndarray, np.ndarray] | None
+    # the key index's entries as the compiled walk made them when asked for keys: (hashes,
+    # rows, slow), as `_dispatch.index_entries` returns them
+    key_entries: tuple[bytes, bytes, list] | None = None
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -141,12 +144,15 @@ class RecordColumns:
     def _index_keys_compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`index_keys` by `_dispatch.index_entries`, from the key ranges the compiled walk found;
         keys of non-ASCII text (or topic) are hashed here from the decoded text."""
-        names = self.topic_names
-        prefixes = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in names], dtype=np.uint32)
-        ascii_topics = np.array([t.isascii() for t in names], dtype=np.uint8)
-        (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = self.unique_key_ranges, self.keys_ranges
-        columns = (np.ascontiguousarray(c) for c in (uniq_firsts, uniq_lasts, keys_firsts, keys_lasts, self.sysflags, self.topic_ids))
-        raw_hashes, raw_rows, slow = _index_entries(self.buffer, *columns, prefixes, ascii_topics)
+        if self.key_entries is not None:
+            raw_hashes, raw_rows, slow = self.key_entries
+        else:
+            names = self.topic_names
+            prefixes = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in names], dtype=np.uint32)
+            ascii_topics = np.array([t.isascii() for t in names], dtype=np.uint8)
+            (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = self.unique_key_ranges, self.keys_ranges
+            columns = (np.ascontiguousarray(c) for c in (uniq_firsts, uniq_lasts, keys_firsts, keys_lasts, self.sysflags, self.topic_ids))
+            raw_hashes, raw_rows, slow = _index_entries(self.buffer, *columns, prefixes, ascii_topics)
         hashes = np.frombuffer(raw_hashes, dtype=np.int32)
         rows = np.frombuffer(raw_rows, dtype=np.int64)
         if slow:
@@ -228,7 +234,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         buf = bytes(buf)  # slices must be hashable bytes; the hot path scans mmaps
     stop = min(stop, len(buf))
     if COMPILED:
-        return _scan_compiled(buf, start, stop, base_offset, stop if soft_stop is None else soft_stop)
+        return _scan_compiled(buf, start, stop, base_offset, stop if soft_stop is None else soft_stop, keys)
     positions = _walk(buf, start, stop, stop if soft_stop is None else soft_stop)
     if not positions:
         return _empty(buf, base_offset, base_offset + start)
@@ -311,17 +317,20 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     )
 
 
-def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int) -> RecordColumns:
+def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int, keys: bool = False) -> RecordColumns:
     """`scan` by the compiled walk (`_dispatch.scan_into`, which documents the columns it fills):
-    every field and check in one pass, the value ranges of UNIQ_KEY and KEYS included.  Python
-    decodes each distinct topic once and hashes the few TAGS values that are not ASCII."""
+    every field and check in one pass, the value ranges of UNIQ_KEY and KEYS included, and with
+    `keys` the key index's entries (hashed as each record is read: a second pass read the
+    properties again from memory, 113 ns a record of bench/dispatch.py against 29 from cache).
+    Python decodes each distinct topic once and hashes the few TAGS values that are not ASCII."""
     limit = min(stop - MIN_RECORD_SIZE + 1, soft_stop)
     capacity = (limit - start + MIN_RECORD_SIZE - 1) // MIN_RECORD_SIZE  # records that can start before limit
     if capacity <= 0:
         return _empty(buf, base_offset, base_offset + start)
     wide = np.empty((10, capacity), np.int64)
     narrow = np.empty((5, capacity), np.int32)
-    count, end, raw_topics = _scan_into(buf, start, stop, soft_stop, base_offset, wide, narrow)
+    walked = _scan_into(buf, start, stop, soft_stop, base_offset, wide, narrow, keys)
+    count, end, raw_topics = walked[:3]
     names: list[str] = []
     for raw in raw_topics:
         try:
@@ -332,6 +341,11 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int)
             break
     if not count:
         return _empty(buf, base_offset, base_offset + start)
+    entries = walked[3] if keys else None
+    if entries is not None and count < walked[0]:  # the rows were cut: so are their entries
+        raw_hashes, raw_rows, slow = entries
+        kept = int(np.searchsorted(np.frombuffer(raw_rows, dtype=np.int64), count))
+        entries = raw_hashes[: 4 * kept], raw_rows[: 8 * kept], [item for item in slow if item[0] < kept]
     positions, queue_offsets, timestamps, codes, starts, ends, uniq_first, uniq_last, keys_first, keys_last = wide[:, :count]
     sizes, queue_ids, sysflags, topic_ids, final_codes = narrow[:, :count]
     for k in np.flatnonzero(final_codes == 0).tolist():
@@ -354,6 +368,7 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int)
         properties_ends=ends,
         unique_key_ranges=(uniq_first, uniq_last),
         keys_ranges=(keys_first, keys_last),
+        key_entries=entries,
     )
 
 
