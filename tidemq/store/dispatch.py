@@ -160,7 +160,8 @@ class DispatchSink(Protocol):
         """Index `requests`; record each queue whose frontier moved in `changes`."""
 
     # optional: def dispatch_batch(self, batch: DispatchBatch, changes) -> None, the same in
-    # columnar form; a sink without it is given `batch.requests`
+    # columnar form; a sink without it is given `batch.requests`; and reads_keys = True for a
+    # sink that asks each batch for `columns.index_keys()`: the scan then makes them as it walks
 
     def covered_offset(self) -> int:
         """A commit-log offset below which everything is indexed (recovery restarts there)."""
@@ -360,7 +361,8 @@ class Dispatcher:
         mm = segment.mm
         base = segment.start
         stop = min(limit, segment.end)
-        columns = scan(mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base)
+        keys = any(getattr(sink, "reads_keys", False) for sink in self.sinks)
+        columns = scan(mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base, keys=keys)
         return DispatchBatch(columns), self._past_blank(segment, columns.end, stop)
 
     @staticmethod

@@ -43,6 +43,7 @@ def index_paths(directory: Path) -> list[Path]:
 
 class KeyIndex:
     name = "key_index"
+    reads_keys = True  # asks each batch for its index_keys (see DispatchSink)
 
     def __init__(
         self, directory: Path, hash_slots: int = DEFAULT_HASH_SLOTS, max_entries: int = DEFAULT_MAX_ENTRIES,
