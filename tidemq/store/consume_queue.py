@@ -321,7 +321,7 @@ class ConsumeQueue:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def _file_for(self, queue_offset: int, create: bool) -> _QueueFile | None:
+    def _file_for(self, queue_offset: int, create: bool, lazy: bool = False) -> _QueueFile | None:
         files = self._files
         if files:
             index = (queue_offset - files[0].start) // self.units_per_file
@@ -336,12 +336,12 @@ class ConsumeQueue:
                 f"{self.topic}/{self.queue_id} has no file yet: slot {queue_offset} needs initialize_at() first"
             )
         while files[-1].start + self.units_per_file <= queue_offset:
-            self._add_file(files[-1].start + self.units_per_file)
+            self._add_file(files[-1].start + self.units_per_file, lazy)
         return files[-1]
 
-    def _add_file(self, start: int) -> _QueueFile:
+    def _add_file(self, start: int, lazy: bool = False) -> _QueueFile:
         # map_queue_file makes the queue's directory when the file's open finds it missing
-        qf = _QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True)
+        qf = _QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True, lazy=lazy)
         with self._lock:
             self._files.append(qf)
             self._files_changed()
@@ -417,7 +417,9 @@ class ConsumeQueue:
             return False
         files = self._files
         if not (files and files[0].start <= first and end <= files[-1].start + self.units_per_file):
-            self._file_for(end - 1, create=True)  # map files a worker process created
+            # files a worker process made, mapped when first read: a busy queue starts a file
+            # every 20,000 units or so (bench/dispatch.py), 50 us of the dispatch thread each
+            self._file_for(end - 1, create=True, lazy=True)
         with self._lock:
             frontier = self.commit_frontier
             if first > frontier:
