@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -134,15 +135,20 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print(f"   each log holds 2 x {count:,} records: the first half creates the queue files, the second")
     print("   half is the steady state.  '1 thread' is the sequential Dispatcher, for reference.  Dirty")
     print("   pages are written back (sync) before each build, outside the timing.")
-    print(f"   Best of {rounds} interleaved rounds.")
-    header = f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
+    print(f"   Best of {rounds} interleaved rounds; 'N/1 workers' compares the best rates, 'paired' is the median")
+    print("   over the rounds of N workers' rate against 1 worker's in the same round (one round's builds run")
+    print("   back to back: a slow spell of the machine hits both sides of a pair).")
+    header = (f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
+              f"{'paired':>9}")
     print(header)
     for name, (queue_of, many_files) in layouts.items():
         log_dir = root / f"log-{name.split()[0].replace(',', '')}"
         log = write_log(log_dir, 2 * count, queue_of)
         middle, first_entries = _walk(log, log.write_position // 2)
         rates: dict[int, tuple[float, float]] = {}
+        pairs: list[tuple[float, float]] = []  # per round, N workers' rates / 1 worker's, per part
         for n in range(rounds):  # interleaved, best of `rounds`: other load on the machine hits all alike
+            times = {}
             for w in (0, 1, workers):
                 # each build gets a new directory, its queue files deleted together after the
                 # last layout's last build: ext4 without a journal skips inodes freed in the last
@@ -158,9 +164,13 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
                 assert entries == 2 * count, (entries, count)
                 best = rates.get(w, (0.0, 0.0))
                 rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second))
+                times[w] = (first, second)
+            pairs.append((times[1][0] / times[workers][0], times[1][1] / times[workers][1]))
         for part, i in (("files", 0), ("steady", 1)):
             r = {w: rates[w][i] for w in rates}
-            print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x")
+            paired = statistics.median(p[i] for p in pairs)
+            print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
+                  f"{paired:>8.2f}x")
         log.close()
         shutil.rmtree(log_dir, ignore_errors=True)
     for out in root.glob("out-*"):
