@@ -137,42 +137,49 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print("   pages are written back (sync) before each build, outside the timing.")
     print(f"   Best of {rounds} interleaved rounds; 'N/1 workers' compares the best rates, 'paired' is the median")
     print("   over the rounds of N workers' rate against 1 worker's in the same round (one round's builds run")
-    print("   back to back: a slow spell of the machine hits both sides of a pair).")
+    print("   back to back: a slow spell of the machine hits both sides of a pair).  'machine' is the median")
+    print(f"   over the same rounds of what {workers} plain CPU-bound processes get done against one (measured")
+    print("   after each round's builds): the most any parallel work could reach on this machine then.")
     header = (f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
-              f"{'paired':>9}")
+              f"{'paired':>9}{'machine':>9}")
     print(header)
     for name, (queue_of, many_files) in layouts.items():
-        log_dir = root / f"log-{name.split()[0].replace(',', '')}"
+        tag = name.split()[0].replace(",", "")
+        log_dir = root / f"log-{tag}"
         log = write_log(log_dir, 2 * count, queue_of)
         middle, first_entries = _walk(log, log.write_position // 2)
         rates: dict[int, tuple[float, float]] = {}
         pairs: list[tuple[float, float]] = []  # per round, N workers' rates / 1 worker's, per part
+        machine: list[float] = []
         for n in range(rounds):  # interleaved, best of `rounds`: other load on the machine hits all alike
             times = {}
             for w in (0, 1, workers):
-                # each build gets a new directory, its queue files deleted together after the
-                # last layout's last build: ext4 without a journal skips inodes freed in the last
-                # minute when it allocates one, scanning past them from the start of the block
-                # group each time, so deleting a build's 20,000 queue files and directories made
-                # creating them in the next build up to 10x slower (1 ms a queue instead of 0.1)
-                # than on a store that never deleted any.  Its key index (one file, 40 MB written)
-                # goes at once, and so does the whole of a build of few queue files: kept, the
-                # builds took 4 GB of disk
-                out = root / f"out-{name.split()[0].replace(',', '')}-{n}-{w}"
+                # each build gets a new directory, deleted after the layout's last build, its
+                # queue files (many files) after the last layout's: nothing is deleted between
+                # timed builds.  ext4 without a journal skips inodes freed in the last minute when
+                # it allocates one, scanning past them from the start of the block group each
+                # time, so deleting a build's 20,000 queue files and directories made creating
+                # them in the next build up to 10x slower (1 ms a queue instead of 0.1) than on a
+                # store that never deleted any; and a file system mounted with online discard
+                # works on freed blocks after the delete, which took CPU from the next build (from
+                # 2 workers' more than from 1 worker's, who leaves a core idle)
+                out = root / f"out-{tag}-{n}-{w}"
                 first, second, entries = build(log, out, w, middle)
-                shutil.rmtree(out / "index" if many_files else out, ignore_errors=True)
                 assert entries == 2 * count, (entries, count)
                 best = rates.get(w, (0.0, 0.0))
                 rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second))
                 times[w] = (first, second)
             pairs.append((times[1][0] / times[workers][0], times[1][1] / times[workers][1]))
+            machine.append(machine_parallelism(workers))
         for part, i in (("files", 0), ("steady", 1)):
             r = {w: rates[w][i] for w in rates}
             paired = statistics.median(p[i] for p in pairs)
             print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
-                  f"{paired:>8.2f}x")
+                  f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x")
         log.close()
         shutil.rmtree(log_dir, ignore_errors=True)
+        for out in root.glob(f"out-{tag}-*"):
+            shutil.rmtree(out / "index" if many_files else out, ignore_errors=True)
     for out in root.glob("out-*"):
         shutil.rmtree(out, ignore_errors=True)
     for w, (cpu, own, other, wall) in sorted(CPU_USED.items()):
@@ -270,7 +277,7 @@ def machine_parallelism(n: int) -> float:
             proc.wait()
         return time.perf_counter() - start
 
-    return n * run(1) / run(n)
+    return n * min(run(1), run(1)) / min(run(n), run(n))  # the better of two each: a stray spell spoils one
 
 
 def main() -> None:
