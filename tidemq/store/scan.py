@@ -142,8 +142,9 @@ class RecordColumns:
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
 
     def _index_keys_compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`index_keys` by `_dispatch.index_entries`, from the key ranges the compiled walk found;
-        keys of non-ASCII text (or topic) are hashed here from the decoded text."""
+        """`index_keys` from the entries the compiled walk made (a scan asked for keys), else by
+        `_dispatch.index_entries` from the key ranges it found; keys of non-ASCII text (or topic)
+        are hashed here from the decoded text."""
         if self.key_entries is not None:
             raw_hashes, raw_rows, slow = self.key_entries
         else:
@@ -229,7 +230,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     the chain from `start` (a record boundary).  `base_offset` is the commit-log offset of
     `buf[0]`.  With `soft_stop`, no record starting at or past it is taken (records may still
     run on to `stop`).  With `keys`, the UNIQ_KEY and KEYS values are located with the TAGS (for
-    a caller that will ask for `index_keys`)."""
+    a caller that will ask for `index_keys`), and the compiled walk hashes them as it goes."""
     if isinstance(buf, (bytearray, memoryview)):
         buf = bytes(buf)  # slices must be hashable bytes; the hot path scans mmaps
     stop = min(stop, len(buf))
