@@ -191,7 +191,9 @@ def owner_of(topic: str, queue_id: int, owners: int) -> int:
 class IndexAppend:
     """Coordinator -> worker: append the held entries of batch `batch_id` (those of records at
     or past `skip_below`) to the index file at `path`, as many as fit; `path` None: the newest
-    file is full or there is none, only say when the first entry was stored."""
+    file is full or there is none, only say when the first entry was stored.  Asked for a batch
+    it has not built yet (sent to it, or under way), the worker appends as soon as it has built
+    it, answering after the batch's own answer (none held: 0 appended)."""
 
     batch_id: int
     path: str | None
@@ -627,6 +629,16 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
     tasks: deque[BatchTask] = deque()
     received: deque = deque()  # messages read while an answer waited for room in the pipe
     stopping = False
+    building: int | None = None  # the batch under way
+    waiting: dict[int, IndexAppend] = {}  # append requests for batches not built yet
+
+    def append(request: IndexAppend) -> None:
+        try:
+            answer = builder.append_index(request)
+        except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
+            answer = IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
+            builder.forget_index_files()  # the coordinator may cut back and remake them
+        send(answer)
 
     def send(answer) -> None:
         conn.send_reading(answer, received.append)
@@ -667,12 +679,10 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
             elif type(message) is UnitsHandover:
                 write_handover(message)
             elif type(message) is IndexAppend:
-                try:
-                    answer = builder.append_index(message)
-                except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
-                    answer = IndexAppended(message.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
-                    builder.forget_index_files()  # the coordinator may cut back and remake them
-                send(answer)
+                if message.batch_id == building or any(task.batch_id == message.batch_id for task in tasks):
+                    waiting[message.batch_id] = message  # the head, not built yet: appended once it is
+                else:
+                    append(message)
             else:
                 tasks.append(message)
 
@@ -687,12 +697,20 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
             if not tasks:
                 continue
             task = tasks.popleft()
+            building = task.batch_id
             try:
                 result = builder.build(task)
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
                 result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
                                      np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+            building = None
             send(result)
+            request = waiting.pop(task.batch_id, None)
+            if request is not None:  # the head: its entries go in now, while they are in the cache
+                if result.index_held:
+                    append(request)
+                else:
+                    send(IndexAppended(task.batch_id, 0, 0, 0, 0))
     except EOFError:
         return  # the coordinator is gone
     finally:

@@ -280,6 +280,8 @@ class ParallelDispatcher:
         self._unwritten: dict[int, set[int]] = {}
         self._built: dict[int, BatchResult] = {}  # answered, waiting for its handed-over units
         self._appending: int | None = None  # the head batch whose index append is under way
+        self._asked: _Worker | None = None  # the worker asked to append it
+        self._index_done: set[int] = set()  # batches whose entries a worker has appended, not processed yet
         # the queues' rows in the frontier table, by (topic number << 32 | queue id), sorted
         self._topic_numbers: dict[str, int] = {}
         self._code_of: dict[int, int] = {}
@@ -501,7 +503,7 @@ class ParallelDispatcher:
         results = [self._done.pop(i) for i in sorted(self._done)]
         if results:
             return results
-        appending = self._holders.get(self._appending) if self._appending is not None else None
+        appending = self._asked if self._appending is not None else None
         # one append at a time: the head's
         if not any(w.tasks or w.handovers or w is appending for w in self._workers):
             return results
@@ -604,6 +606,10 @@ class ParallelDispatcher:
         self._unwatch(dead)
         dead.conn.close()
         self._deaths_in_a_row += 1
+        appending = self._appending
+        if appending in dead.tasks:  # asked to append a batch it had not answered for: it may have begun
+            self._appending = None
+            self._undo_index_append(dead.tasks[appending].begin)
         # the batches whose index entries died with it are built again, with its unanswered ones
         for batch_id in sorted(b for b, holder in self._holders.items() if holder is dead):
             del self._holders[batch_id]
@@ -660,19 +666,28 @@ class ParallelDispatcher:
                 return 0
         elif result.batch_id not in self._tasks:
             return 0  # from a generation that was discarded
-        elif result.index_held and result.batch_id not in self._holders:
+        elif result.index_held and result.batch_id not in self._holders and result.batch_id not in self._index_done:
             return 0  # its worker died after answering: the batch is being built again
         else:
             self._answers[result.batch_id] = result
         total = 0
         while self._appending is None and self._head_id in self._answers:
             head = self._answers[self._head_id]
-            if head.index_held:
+            if head.index_held and head.batch_id not in self._index_done:
                 # its worker appends its index entries first; the head waits for the answer
                 self._appending = head.batch_id
                 self._request_append(head.batch_id, self._current_index_path())
                 break
             total += self._advance(self._answers.pop(self._head_id), changes)
+        if self._appending is None and self.key_index is not None and self._head_id in self._tasks:
+            # the head is not built yet: its worker is asked now, and appends as soon as it has
+            # built it, instead of when its answer has come here and the request gone back (by
+            # then it is in the middle of its next batch, and the chain of appends, one batch
+            # at a time, fell behind 2 workers' builds)
+            builder = next((w for w in self._workers if self._head_id in w.tasks), None)
+            if builder is not None:
+                self._appending = self._head_id
+                self._request_append(self._head_id, self._current_index_path(), builder)
         return total
 
     # -- index appends in the workers ----------------------------------------------------------------
@@ -681,26 +696,30 @@ class ParallelDispatcher:
         files = self.key_index.files
         return None if not files or files[-1].is_full else str(files[-1].path)
 
-    def _request_append(self, batch_id: int, path: str | None) -> None:
-        holder = self._holders[batch_id]
+    def _request_append(self, batch_id: int, path: str | None, holder: _Worker | None = None) -> None:
+        """Ask the worker holding the batch's index entries (`holder`: the one building it) to
+        append them."""
+        holder = self._asked = holder or self._holders[batch_id]
         try:
             holder.conn.send(IndexAppend(batch_id, path, self.key_index.indexed_until))
         except (OSError, EOFError):
             pass  # a dead worker is noticed and replaced by _collect
 
     def _index_appended(self, answer: IndexAppended) -> bool:
-        """The head's worker answered its append request: True when all its entries are in."""
-        head = self._answers[answer.batch_id]
+        """The head's worker answered its append request: True when all its entries are in.  (The
+        batch's own answer may not be here yet: it waits for the units it handed over.)"""
+        task = self._tasks[answer.batch_id]
         index = self.key_index
         if answer.error is not None:
             # the worker could not append (an I/O error there): cut the index back, build and
-            # append the batch on this thread
+            # append the batch on this thread (the worker's answer, should it come, is ignored:
+            # it no longer holds entries, see _complete)
             log.error("dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
-                      "building them on the dispatch thread", head.begin, head.end, answer.error)
-            self._undo_index_append(head.begin)
+                      "building them on the dispatch thread", task.begin, task.end, answer.error)
+            self._undo_index_append(task.begin)
             self._holders.pop(answer.batch_id, None)
             self._appending = None
-            self._answers[answer.batch_id] = self._build_inline(self._tasks[answer.batch_id])
+            self._answers[answer.batch_id] = self._build_inline(task)
             return True
         self.worker_appends += 1
         if answer.last_timestamp:
@@ -713,7 +732,7 @@ class ParallelDispatcher:
             return False
         self._holders.pop(answer.batch_id, None)
         self._appending = None
-        head.index_held = 0
+        self._index_done.add(answer.batch_id)
         return True
 
     def _undo_index_append(self, begin: int) -> None:
@@ -732,6 +751,7 @@ class ParallelDispatcher:
         index entries, move the dispatched offset."""
         task = self._tasks.pop(head.batch_id)
         self._unwritten.pop(head.batch_id, None)
+        self._index_done.discard(head.batch_id)
         self._head_id += 1
         if len(head.queues):
             self._commit_runs(head.queues, changes)
@@ -851,6 +871,7 @@ class ParallelDispatcher:
         self._answers.clear()
         self._done.clear()
         self._holders.clear()  # the workers let go of the entries they hold when asked for a later batch
+        self._index_done.clear()
         self._unwritten.clear()
         self._built.clear()
         for worker in self._workers:
