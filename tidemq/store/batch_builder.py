@@ -21,7 +21,8 @@ batch reaches the head, the coordinator asks that worker to append them (`IndexA
 newest index file, which the worker maps too, and waits for the answer (`IndexAppended`) before
 the next batch's entries are appended, so appends happen one at a time in log order and the files
 are those the single thread writes.  A worker answers append requests, and writes handed-over
-units, before it builds the next batch it was sent (and between decoding a batch and writing it).
+units, before it builds the next batch it was sent (and between decoding a batch and writing it);
+asked for a batch it has not built yet, it appends as soon as it has built it.
 
 Pipes: a worker's answers can be large (a batch of 10,000 queues: 250 KB of runs, as much again
 handed over), and so can what the coordinator forwards to it.  The coordinator's sends block; a

@@ -33,9 +33,11 @@ the store's files through their own mappings:
   `UnitsWritten`.  A batch's answer is complete when its builder has answered and every owner it
   handed units to has written them; until then it waits (`_built`).
 - Complete answers arrive in any order; the coordinator processes them strictly in batch order.
-  At the head, the worker that built the batch is asked to append its index entries to the
-  newest index file (`IndexAppend`; it answers append requests before its next build), and
-  nothing else is appended until it answers: one append at a time, in log order, so the index
+  When a batch becomes the head, the worker building it (or holding its entries) is asked to
+  append its index entries to the newest index file (`IndexAppend`: a worker answers append
+  requests before its next build, and appends a batch it was asked for as it finishes building
+  it, so that the chain of appends keeps up with the builds), and nothing else is appended until
+  it answers: one append at a time, in log order, so the index
   files are those the single thread writes, while the coordinator itself does no per-entry
   work.  When a file fills, the coordinator creates the next (it alone creates index files) and
   asks again.  Then a batch whose walk ended exactly at its cut is committed: each queue's run of
