@@ -633,13 +633,12 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
     building: int | None = None  # the batch under way
     waiting: dict[int, IndexAppend] = {}  # append requests for batches not built yet
 
-    def append(request: IndexAppend) -> None:
+    def append(request: IndexAppend) -> IndexAppended:
         try:
-            answer = builder.append_index(request)
+            return builder.append_index(request)
         except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
-            answer = IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
             builder.forget_index_files()  # the coordinator may cut back and remake them
-        send(answer)
+            return IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
 
     def send(answer) -> None:
         conn.send_reading(answer, received.append)
@@ -683,7 +682,7 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
                 if message.batch_id == building or any(task.batch_id == message.batch_id for task in tasks):
                     waiting[message.batch_id] = message  # the head, not built yet: appended once it is
                 else:
-                    append(message)
+                    send(append(message))
             else:
                 tasks.append(message)
 
@@ -705,13 +704,14 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
                 result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
                                      np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
             building = None
-            send(result)
             request = waiting.pop(task.batch_id, None)
-            if request is not None:  # the head: its entries go in now, while they are in the cache
-                if result.index_held:
-                    append(request)
-                else:
-                    send(IndexAppended(task.batch_id, 0, 0, 0, 0))
+            if request is None:
+                send(result)
+            else:
+                # the head: its entries go in now, while they are in the cache, and both answers
+                # go together (the coordinator can do nothing with the batch before the append)
+                appended = append(request) if result.index_held else IndexAppended(task.batch_id, 0, 0, 0, 0)
+                conn.send_reading(result, received.append, appended)
     except EOFError:
         return  # the coordinator is gone
     finally:
@@ -757,14 +757,18 @@ class _Channel:
             if parts and written:
                 parts[0] = memoryview(parts[0])[written:]
 
-    def send_reading(self, obj, keep) -> None:
-        """Send `obj` through a non-blocking writer without ever waiting only for room: while
-        the pipe is full, receive the messages coming the other way and give them to `keep`.
-        (The coordinator may be blocked sending to this end, not reading its answers.)"""
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    def send_reading(self, obj, keep, *more) -> None:
+        """Send `obj` (and `more` objects after it, in one write where the pipe has room)
+        through a non-blocking writer without ever waiting only for room: while the pipe is
+        full, receive the messages coming the other way and give them to `keep`.  (The
+        coordinator may be blocked sending to this end, not reading its answers.)"""
+        chunks = []
+        for item in (obj, *more):
+            data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+            chunks += (_LENGTH.pack(len(data)), data)
         fd = self.write_fd
         poller = None
-        for chunk in (_LENGTH.pack(len(data)), data):
+        for chunk in (b"".join(chunks),) if more else chunks:
             view = memoryview(chunk)
             while view:
                 try:
