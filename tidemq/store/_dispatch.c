@@ -106,24 +106,22 @@ static void table_free(TopicTable *t) {
     free(t->slots);
 }
 
+/* realloc(*array, bytes) into *array, which is left as it was on failure (-1).  Plain malloc
+   memory: the walk grows its arrays without the GIL. */
+static int resize(void **array, size_t bytes) {
+    void *resized = realloc(*array, bytes);
+    if (!resized) return -1;
+    *array = resized;
+    return 0;
+}
+
 /* Slots hold at most a quarter of their number of ids: grow both when the id arrays are full. */
 static int table_grow(TopicTable *t) {
     Py_ssize_t capacity = t->capacity * 2, mask = t->mask * 2 + 1;
-    Py_ssize_t *at = realloc(t->at, capacity * sizeof(Py_ssize_t));
-    if (!at) return -1;
-    t->at = at;
-    Py_ssize_t *len = realloc(t->len, capacity * sizeof(Py_ssize_t));
-    if (!len) return -1;
-    t->len = len;
-    uint32_t *hashes = realloc(t->hashes, capacity * sizeof(uint32_t));
-    if (!hashes) return -1;
-    t->hashes = hashes;
-    uint32_t *prefixes = realloc(t->prefixes, capacity * sizeof(uint32_t));
-    if (!prefixes) return -1;
-    t->prefixes = prefixes;
-    unsigned char *ascii = realloc(t->ascii, capacity);
-    if (!ascii) return -1;
-    t->ascii = ascii;
+    if (resize((void **)&t->at, capacity * sizeof(Py_ssize_t)) < 0 || resize((void **)&t->len, capacity * sizeof(Py_ssize_t)) < 0 ||
+        resize((void **)&t->hashes, capacity * sizeof(uint32_t)) < 0 || resize((void **)&t->prefixes, capacity * sizeof(uint32_t)) < 0 ||
+        resize((void **)&t->ascii, capacity) < 0)
+        return -1;
     int32_t *slots = calloc(mask + 1, sizeof(int32_t));
     if (!slots) return -1;
     for (Py_ssize_t id = 0; id < t->count; id++) {
@@ -231,15 +229,6 @@ typedef struct {
     Py_ssize_t slow_count, slow_capacity;
 } Entries;
 
-static int grow(void **array, Py_ssize_t *capacity, Py_ssize_t itemsize, Py_ssize_t first) {
-    Py_ssize_t wanted = *capacity ? *capacity * 2 : first;
-    void *grown = realloc(*array, wanted * itemsize);
-    if (!grown) return -1;
-    *array = grown;
-    *capacity = wanted;
-    return 0;
-}
-
 static void entries_free(Entries *e) {
     free(e->hashes);
     free(e->rows);
@@ -249,16 +238,18 @@ static void entries_free(Entries *e) {
 static int add_key(Entries *e, uint32_t prefix, int ascii_topic, const unsigned char *buf, Py_ssize_t row, Py_ssize_t first,
                    Py_ssize_t last) {
     if (e->count == e->capacity) {
-        Py_ssize_t capacity = e->capacity;
-        if (grow((void **)&e->hashes, &capacity, sizeof(int32_t), 1024) < 0) return -1;
-        capacity = e->capacity;
-        if (grow((void **)&e->rows, &capacity, sizeof(int64_t), 1024) < 0) return -1;
+        Py_ssize_t capacity = e->capacity ? e->capacity * 2 : 1024;
+        if (resize((void **)&e->hashes, capacity * sizeof(int32_t)) < 0 || resize((void **)&e->rows, capacity * sizeof(int64_t)) < 0)
+            return -1;
         e->capacity = capacity;
     }
     int64_t hash = ascii_topic ? key_entry_hash(prefix, buf + first, last - first) : -1;
     if (hash < 0) {
-        if (e->slow_count + 4 > e->slow_capacity && grow((void **)&e->slow, &e->slow_capacity, sizeof(Py_ssize_t), 64) < 0)
-            return -1;
+        if (e->slow_count + 4 > e->slow_capacity) {
+            Py_ssize_t capacity = e->slow_capacity ? e->slow_capacity * 2 : 64;
+            if (resize((void **)&e->slow, capacity * sizeof(Py_ssize_t)) < 0) return -1;
+            e->slow_capacity = capacity;
+        }
         Py_ssize_t *quad = e->slow + e->slow_count;
         quad[0] = e->count;
         quad[1] = row;
