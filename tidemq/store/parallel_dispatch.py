@@ -608,20 +608,17 @@ class ParallelDispatcher:
         self._unwatch(dead)
         dead.conn.close()
         self._deaths_in_a_row += 1
-        appending = self._appending
-        if appending in dead.tasks:  # asked to append a batch it had not answered for: it may have begun
-            self._appending = None
-            self._undo_index_append(dead.tasks[appending].begin)
         # the batches whose index entries died with it are built again, with its unanswered ones
         for batch_id in sorted(b for b, holder in self._holders.items() if holder is dead):
             del self._holders[batch_id]
             self._answers.pop(batch_id, None)
             self._built.pop(batch_id, None)
-            task = self._tasks[batch_id]
-            if batch_id == self._appending:  # it may have written part of them: cut the index back
-                self._appending = None
-                self._undo_index_append(task.begin)
-            dead.tasks[batch_id] = task
+            dead.tasks[batch_id] = self._tasks[batch_id]
+        if self._appending in dead.tasks:
+            # it was appending one of them (asked after building it or before): it may have
+            # written part of the entries: cut the index back
+            self._undo_index_append(dead.tasks[self._appending].begin)
+            self._appending = None
         if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
             # workers that cannot finish a batch (a broken install, no memory): stop starting
             # them, and build on this thread, slower but without losing or reordering anything
