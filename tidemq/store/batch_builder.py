@@ -758,8 +758,8 @@ class _Channel:
                 parts[0] = memoryview(parts[0])[written:]
 
     def send_reading(self, obj, keep, *more) -> None:
-        """Send `obj` (and `more` objects after it, in one write where the pipe has room)
-        through a non-blocking writer without ever waiting only for room: while the pipe is
+        """Send `obj` (and `more` objects after it), headers and pickles in one write where the
+        pipe has room, through a non-blocking writer without ever waiting only for room: while the pipe is
         full, receive the messages coming the other way and give them to `keep`.  (The
         coordinator may be blocked sending to this end, not reading its answers.)"""
         chunks = []
@@ -768,22 +768,21 @@ class _Channel:
             chunks += (_LENGTH.pack(len(data)), data)
         fd = self.write_fd
         poller = None
-        for chunk in (b"".join(chunks),) if more else chunks:
-            view = memoryview(chunk)
-            while view:
-                try:
-                    view = view[os.write(fd, view) :]
-                except BlockingIOError:
-                    if poller is None:
-                        # poll, not select: a pipe inherited from a store with many files open
-                        # has a descriptor past select's limit (FD_SETSIZE, 1,024)
-                        poller = select.poll()
-                        poller.register(self.read_fd, select.POLLIN)
-                        poller.register(fd, select.POLLOUT)
-                    for ready, _ in poller.poll():
-                        if ready != fd:
-                            for message in self.take():  # EOFError: the coordinator is gone
-                                keep(message)
+        view = memoryview(b"".join(chunks))  # one write: headers and bodies (a copy costs less than a system call)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                if poller is None:
+                    # poll, not select: a pipe inherited from a store with many files open
+                    # has a descriptor past select's limit (FD_SETSIZE, 1,024)
+                    poller = select.poll()
+                    poller.register(self.read_fd, select.POLLIN)
+                    poller.register(fd, select.POLLOUT)
+                for ready, _ in poller.poll():
+                    if ready != fd:
+                        for message in self.take():  # EOFError: the coordinator is gone
+                            keep(message)
 
     # -- receiving
 
