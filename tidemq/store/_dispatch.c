@@ -1,7 +1,6 @@
 /* tidemq.store._dispatch: the compiled parts of dispatch.
  *
  * - `scan_into`: the record walk of `scan.scan`;
- * - `index_entries`: the key index's entries of the rows it found;
  * - `index_append`: `IndexFile.append`'s writing of entries and slot chains;
  * - `java_hash`: Java's String.hashCode of one str (tags codes, key hashes one at a time).
  *
@@ -26,8 +25,12 @@
  *
  * Returns (count, end, topics): the rows filled, the buffer position where the walk stopped (the
  * end of the last record taken, or `start`), and the distinct topics' raw bytes by id; with a true
- * eighth argument `keys`, (count, end, topics, entries), `entries` being what `index_entries`
- * returns for the rows, hashed as the walk reads each record's properties.  A record is
+ * eighth argument `keys`, (count, end, topics, (hashes, rows, slow)): the key index's entries for
+ * the rows, hashed as the walk reads each record's properties (for each record that is not a
+ * ROLLBACK, its UNIQ_KEY, then each non-empty space-separated KEYS entry): `hashes` (int32) and
+ * `rows` (int64, the record of each entry) as bytes, and `slow` listing as (entry, row, first,
+ * last) the keys to hash from their decoded text (their or their topic's bytes not all ASCII:
+ * hash 0 meanwhile).  A record is
  * taken only if it starts before `soft_stop` and before stop - 90, ends at or before `stop`, and
  * passes every check; the walk stops at the first that does not, or when `capacity` rows are full.
  * Topic bytes are not decoded here: the caller cuts the rows at the first topic that is not UTF-8.
@@ -474,52 +477,6 @@ static int column(Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t rows, const c
     return 0;
 }
 
-/* index_entries(buf, uniq_first, uniq_last, keys_first, keys_last, sysflags, topic_ids, prefixes,
-   ascii_topics) -> (hashes, rows, slow): the key index's entries of a scan's rows, in order: for
-   each record that is not a ROLLBACK, its UNIQ_KEY, then each non-empty space-separated KEYS
-   entry.  The range columns are int64 ([first, last) or -1), sysflags and topic_ids int32;
-   prefixes (uint32) and ascii_topics (uint8) are per topic id.  `hashes` (int32) and `rows`
-   (int64, the record of each entry) come back as bytes; `slow` lists the entries to hash from
-   text, as (entry, row, first, last). */
-static PyObject *index_entries(PyObject *self, PyObject *args) {
-    Py_buffer data, uf, ul, kf, kl, flags, tids, prefixes, ascii;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*", &data, &uf, &ul, &kf, &kl, &flags, &tids, &prefixes, &ascii))
-        return NULL;
-    Py_buffer *views[] = {&data, &uf, &ul, &kf, &kl, &flags, &tids, &prefixes, &ascii};
-    PyObject *result = NULL;
-    Entries e = {0};
-    Py_ssize_t n = uf.len / 8, topics = ascii.len;
-    if (column(&uf, 8, n, "uniq_first") < 0 || column(&ul, 8, n, "uniq_last") < 0 || column(&kf, 8, n, "keys_first") < 0 ||
-        column(&kl, 8, n, "keys_last") < 0 || column(&flags, 4, n, "sysflags") < 0 || column(&tids, 4, n, "topic_ids") < 0 ||
-        column(&prefixes, 4, topics, "prefixes") < 0 || column(&ascii, 1, topics, "ascii_topics") < 0)
-        goto done;
-    const unsigned char *buf = data.buf;
-    const int64_t *uniq_first = uf.buf, *uniq_last = ul.buf, *keys_first = kf.buf, *keys_last = kl.buf;
-    const int32_t *sysflags = flags.buf, *topic_ids = tids.buf;
-    const uint32_t *prefix_of = prefixes.buf;
-    const unsigned char *ascii_topic = ascii.buf;
-    for (Py_ssize_t row = 0; row < n; row++) {
-        int32_t topic = topic_ids[row];
-        if (topic < 0 || topic >= topics) {
-            PyErr_Format(PyExc_ValueError, "row %zd: topic id %d out of range", row, topic);
-            goto done;
-        }
-        if (uniq_last[row] > data.len || keys_last[row] > data.len) {
-            PyErr_Format(PyExc_ValueError, "row %zd: a key range past the buffer", row);
-            goto done;
-        }
-        if (record_keys(&e, buf, row, sysflags[row], prefix_of[topic], ascii_topic[topic], uniq_first[row], uniq_last[row],
-                        keys_first[row], keys_last[row]) < 0)
-            goto done;
-    }
-    result = entries_result(&e);
-done:
-    if (!result && !PyErr_Occurred()) PyErr_NoMemory();
-    entries_free(&e);
-    for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) PyBuffer_Release(views[i]);
-    return result;
-}
-
 static inline void put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
     p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
@@ -626,7 +583,6 @@ static PyMethodDef methods[] = {
     {"java_hash", java_hash, METH_O, "Java's String.hashCode of a str, as a signed int32."},
     {"index_append", index_append, METH_VARARGS, "Write IndexFile entries and their slot chains (see the module source)."},
     {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
-    {"index_entries", index_entries, METH_VARARGS, "The key index's entries of scanned rows (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

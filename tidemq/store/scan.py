@@ -17,9 +17,10 @@ for every record as NumPy columns:
                       decoded lazily (`properties`, `unique_key`, `keys`, `index_keys`)
 
 Where the extension is built, one compiled pass (`_dispatch.scan_into`) fills every column and
-the value ranges of TAGS, UNIQ_KEY and KEYS, and `_dispatch.index_entries` hashes the keys: on
-the 2-core machine about 0.1 us a record for both, in place of 1 to 1.5 us.  Python then
-decodes each distinct topic once and hashes only what is not ASCII.
+the value ranges of TAGS, UNIQ_KEY and KEYS, and, asked for keys, hashes them into the key
+index's entries: on the 2-core machine about 0.1 us a record, in place of 1 to 1.5 us.  Python
+then decodes each distinct topic once and hashes only what is not ASCII.  (Keys asked of a scan
+that was not asked for them are hashed from the ranges by NumPy.)
 
 Without it, only the walk along the chain (one 4-byte read per record) and the topic (a slice and
 a cached decode) are per-record Python work; the fixed fields and every layout check are gathered with
@@ -55,14 +56,13 @@ from .record import (
     TRANSACTION_TYPE_MASK,
     decode_properties,
     decode_topic,
-    java_string_hash,
     tags_code,
 )
 
 try:
-    from ._dispatch import index_entries as _index_entries, scan_into as _scan_into
+    from ._dispatch import scan_into as _scan_into
 except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
-    _index_entries = _scan_into = None
+    _scan_into = None
 
 # whether `scan` runs the compiled walk; tests switch it off to cross-check the NumPy path
 COMPILED = _scan_into is not None
@@ -104,8 +104,9 @@ class RecordColumns:
     # the scan was asked for keys, else on first use)
     unique_key_ranges: tuple[np.ndarray, np.ndarray] | None
     keys_ranges: tuple[np.ndarray, np.ndarray] | None
-    # the key index's entries as the compiled walk made them when asked for keys: (hashes,
-    # rows, slow), as `_dispatch.index_entries` returns them
+    # the key index's entries as the compiled walk made them when asked for keys: (hashes as
+    # int32 bytes, rows as int64 bytes, slow: (entry, row, first, last) of each key to hash from
+    # its decoded text, its or its topic's bytes not all ASCII)
     key_entries: tuple[bytes, bytes, list] | None = None
 
     def __len__(self) -> int:
@@ -142,18 +143,9 @@ class RecordColumns:
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
 
     def _index_keys_compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`index_keys` from the entries the compiled walk made (a scan asked for keys), else by
-        `_dispatch.index_entries` from the key ranges it found; keys of non-ASCII text (or topic)
-        are hashed here from the decoded text."""
-        if self.key_entries is not None:
-            raw_hashes, raw_rows, slow = self.key_entries
-        else:
-            names = self.topic_names
-            prefixes = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in names], dtype=np.uint32)
-            ascii_topics = np.array([t.isascii() for t in names], dtype=np.uint8)
-            (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = self.unique_key_ranges, self.keys_ranges
-            columns = (np.ascontiguousarray(c) for c in (uniq_firsts, uniq_lasts, keys_firsts, keys_lasts, self.sysflags, self.topic_ids))
-            raw_hashes, raw_rows, slow = _index_entries(self.buffer, *columns, prefixes, ascii_topics)
+        """`index_keys` from the entries the compiled walk made (a scan asked for keys); keys of
+        non-ASCII text (or topic) are hashed here from the decoded text."""
+        raw_hashes, raw_rows, slow = self.key_entries
         hashes = np.frombuffer(raw_hashes, dtype=np.int32)
         rows = np.frombuffer(raw_rows, dtype=np.int64)
         if slow:
@@ -169,7 +161,7 @@ class RecordColumns:
         KEYS entry of every record that is not a ROLLBACK."""
         if not len(self):
             return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if COMPILED and self.keys_ranges is not None:
+        if self.key_entries is not None:
             return self._index_keys_compiled()
         indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
         if len(self) <= SMALL_SCAN:
