@@ -24,7 +24,7 @@ are those the single thread writes.  A worker answers append requests, and write
 units, before it builds the next batch it was sent (and between decoding a batch and writing it);
 asked for a batch it has not built yet, it appends as soon as it has built it.
 
-Pipes: a worker's answers can be large (a batch of 10,000 queues: 250 KB of runs, as much again
+Pipes: a worker's answers can be large (a 16 MiB batch of 10,000 queues: 240 KB of runs, 710 KB
 handed over), and so can what the coordinator forwards to it.  The coordinator's sends block; a
 worker's never block without reading: while its answer does not fit in the pipe, it takes in what
 the coordinator sends (`_Channel.send_reading`), so that neither waits for the other forever.

@@ -131,7 +131,14 @@ _SIZE_MAGIC = struct.Struct(">ii")
 _MESSAGE_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
 MIN_RECORD_SIZE = 91
 
-DEFAULT_BATCH_BYTES = 4 << 20  # RocketMQ's BATCH_SIZE
+# 4 times RocketMQ's BATCH_SIZE: a batch's costs per queue it names (a run to commit, a file to
+# look up and copy into, units handed over) and the coordinator's per batch (waking up, taking
+# an answer, committing, sending the next task and the append request: 0.3 ms, taken from the
+# workers' cores) are spread over 4 times the records.  bench/dispatch.py on tmpfs, against
+# 4 MiB: 10,000 queues steady 1.1-1.4 s -> 0.75 s with 2 workers and 1.8 -> 1.0 s with 1, files
+# half 2.0 -> 1.6-1.8 s and 3.1-3.4 -> 2.4 s; one hot queue and 10 queues within the noise; the
+# coordinator's CPU a quarter to a third lower.  (32 MiB was no faster, and its handovers outgrow the pipes.)
+DEFAULT_BATCH_BYTES = 16 << 20
 DEFAULT_INLINE_BYTES = 64 << 10
 # a batch's fixed costs (its messages, the head's index-append round trip, a worker's setup) are
 # about 0.3 ms: a smaller batch (64 KiB is 230 records of bench/dispatch.py, 0.1 ms of a
@@ -185,11 +192,12 @@ class _Worker:
         if _F_SETPIPE_SZ is not None:
             for pipe_end in (from_child_w, to_child_w):
                 try:
-                    # an answer naming 10,000 queues is 250 KB, and the units it hands over as
-                    # much again: in a 64 KB pipe the worker waited (140-250 ms) to send it until
-                    # the coordinator had committed the batches before (new queues), instead of
-                    # building its next batch meanwhile; the other way, the coordinator would
-                    # wait to forward the units handed over until the owner read them
+                    # an answer naming 10,000 queues is 250 KB, and the units it hands over up
+                    # to 710 KB (a 16 MiB batch, 2 workers): in a 64 KB pipe the worker waited
+                    # (140-250 ms) to send it until the coordinator had committed the batches
+                    # before (new queues), instead of building its next batch meanwhile; the
+                    # other way, the coordinator would wait to forward the units handed over
+                    # until the owner read them
                     fcntl.fcntl(pipe_end, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
                 except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
                     pass
