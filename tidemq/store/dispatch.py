@@ -318,12 +318,19 @@ class DispatchStats:
     last_store_timestamp: int = 0
 
 
+def reads_keys(sinks: Iterable[DispatchSink]) -> bool:
+    """Whether a sink asks each batch for `columns.index_keys()` (`reads_keys`, see
+    DispatchSink): the scans are then asked for keys, and make them as they walk."""
+    return any(getattr(sink, "reads_keys", False) for sink in sinks)
+
+
 class Dispatcher:
     """Tails the CommitLog and feeds every sink, one batch of records at a time."""
 
     def __init__(self, commit_log: CommitLog, sinks: Iterable[DispatchSink], start_offset: int) -> None:
         self.commit_log = commit_log
         self.sinks = list(sinks)
+        self._keys = reads_keys(self.sinks)
         self.dispatched_offset = start_offset
         self.listeners: list[ArrivalListener] = []
         self.stats = DispatchStats()
@@ -331,6 +338,7 @@ class Dispatcher:
 
     def add_sink(self, sink: DispatchSink) -> None:
         self.sinks.append(sink)
+        self._keys = reads_keys(self.sinks)
 
     def dispatch_until(self, limit: int, notify: bool = True) -> int:
         """Dispatch every record wholly below `limit`; returns how many records."""
@@ -361,8 +369,7 @@ class Dispatcher:
         mm = segment.mm
         base = segment.start
         stop = min(limit, segment.end)
-        keys = any(getattr(sink, "reads_keys", False) for sink in self.sinks)
-        columns = scan(mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base, keys=keys)
+        columns = scan(mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base, keys=self._keys)
         return DispatchBatch(columns), self._past_blank(segment, columns.end, stop)
 
     @staticmethod

@@ -122,7 +122,16 @@ from .batch_builder import (
 )
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue
-from .dispatch import ArrivalListener, ConsumeQueueStore, DispatchBatch, DispatchStats, QueueKey, dispatch_to, notify_listeners
+from .dispatch import (
+    ArrivalListener,
+    ConsumeQueueStore,
+    DispatchBatch,
+    DispatchStats,
+    QueueKey,
+    dispatch_to,
+    notify_listeners,
+    reads_keys,
+)
 from .scan import scan
 
 log = logging.getLogger(__name__)
@@ -270,6 +279,7 @@ class ParallelDispatcher:
         self.key_index = key_index
         self.sinks = [queues] + ([key_index] if key_index is not None else [])
         self.extra_sinks: list = []  # other sinks get DispatchRequests in log order (decoded here)
+        self._extra_keys = False  # whether one of them reads the key index's keys (`reads_keys`)
         self.worker_count = workers
         self.batch_bytes = batch_bytes
         self.inline_bytes = inline_bytes
@@ -318,6 +328,7 @@ class ParallelDispatcher:
 
     def add_sink(self, sink) -> None:
         self.extra_sinks.append(sink)
+        self._extra_keys = reads_keys(self.extra_sinks)
         self.sinks.append(sink)
         self.progress[sink.name] = SinkProgress(self.dispatched_offset)
 
@@ -373,7 +384,7 @@ class ParallelDispatcher:
         records, the last stored at `last_timestamp`): tell the other sinks, move the
         dispatched offset and the statistics."""
         if self.extra_sinks and end > begin:
-            batch = _read_batch(self.commit_log, begin, end)
+            batch = _read_batch(self.commit_log, begin, end, self._extra_keys)
             for sink in self.extra_sinks:
                 dispatch_to(sink, batch, changes)
         if records:
@@ -914,9 +925,10 @@ class ParallelDispatcher:
             self._builder = None
 
 
-def _read_batch(commit_log: CommitLog, begin: int, end: int) -> DispatchBatch:
-    """The records of [begin, end) (one built batch) for sinks the workers do not build."""
+def _read_batch(commit_log: CommitLog, begin: int, end: int, keys: bool) -> DispatchBatch:
+    """The records of [begin, end) (one built batch) for sinks the workers do not build (`keys`:
+    one of them reads the key index's keys)."""
     segment = commit_log.segment_for(begin)
     if segment is None:
         return DispatchBatch(scan(b"", 0, 0, begin))
-    return DispatchBatch(scan(segment.mm, begin - segment.start, end - segment.start, segment.start))
+    return DispatchBatch(scan(segment.mm, begin - segment.start, end - segment.start, segment.start, keys=keys))
