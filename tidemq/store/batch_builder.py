@@ -759,9 +759,9 @@ class _Channel:
 
     def send_reading(self, obj, keep, *more) -> None:
         """Send `obj` (and `more` objects after it), headers and pickles in one write where the
-        pipe has room, through a non-blocking writer without ever waiting only for room: while the pipe is
-        full, receive the messages coming the other way and give them to `keep`.  (The
-        coordinator may be blocked sending to this end, not reading its answers.)"""
+        pipe has room, through a non-blocking writer without ever waiting only for room: while
+        the pipe is full, receive the messages coming the other way and give them to `keep`.
+        (The coordinator may be blocked sending to this end, not reading its answers.)"""
         chunks = []
         for item in (obj, *more):
             data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)

@@ -146,7 +146,8 @@ MIN_RECORD_SIZE = 91
 # workers' cores) are spread over 4 times the records.  bench/dispatch.py on tmpfs, against
 # 4 MiB: 10,000 queues steady 1.1-1.4 s -> 0.75 s with 2 workers and 1.8 -> 1.0 s with 1, files
 # half 2.0 -> 1.6-1.8 s and 3.1-3.4 -> 2.4 s; one hot queue and 10 queues within the noise; the
-# coordinator's CPU a quarter to a third lower.  (32 MiB was no faster, and its handovers outgrow the pipes.)
+# coordinator's CPU a quarter to a third lower.  (32 MiB was no faster, and its handovers
+# outgrow the pipes.)
 DEFAULT_BATCH_BYTES = 16 << 20
 DEFAULT_INLINE_BYTES = 64 << 10
 # a batch's fixed costs (its messages, the head's index-append round trip, a worker's setup) are
