@@ -24,7 +24,7 @@ from tidemq.store.commit_log import CommitLog
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
-from tidemq.store.batch_builder import CRASH_ENV, BatchBuilder, IndexAppend, UnitsHandover, _Channel, owner_of
+from tidemq.store.batch_builder import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES, BatchBuilder, IndexAppend, UnitsHandover, _Channel, owner_of
 from tidemq.store.parallel_dispatch import ParallelDispatcher
 from trees import same_tree
 
@@ -459,6 +459,20 @@ def test_worker_processes_build_the_same_files_as_one_thread(tmp_path):
         assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
         # the workers appended the index entries too, over several files (200 entries each)
         assert dispatcher.worker_appends >= dispatcher.worker_batches and len(list((tmp_path / "parallel" / "index").iterdir())) > 10
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status and environ")
+def test_a_started_worker_keeps_a_warm_heap(tmp_path):
+    log, _ = build_log(tmp_path / "log", [("t", 0)] * 10, segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
+        dispatcher.wait_ready()
+        for pid in dispatcher.worker_pids():
+            environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+            assert {name: environ.get(name) for name in MALLOC_ENV} == MALLOC_ENV
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            # the touched heap is still resident: glibc gave none of it back when it was freed
+            assert int(status["VmRSS"].split()[0]) * 1024 > WARM_HEAP_BYTES
+        assert dispatcher.dispatch_until(log.write_position) == 10
 
 
 def test_workers_run_this_tidemq_whatever_the_working_directory_holds(tmp_path, monkeypatch):

@@ -116,6 +116,7 @@ from .batch_builder import (
     BatchTask,
     IndexAppend,
     IndexAppended,
+    MALLOC_ENV,
     QueueRuns,
     UnitsWritten,
     _Channel,
@@ -217,6 +218,8 @@ class _Worker:
         # NumPy's OpenBLAS threads, idle but polling, took 1.5% of the machine per worker
         # (perf); a worker never multiplies matrices
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        for name, value in MALLOC_ENV.items():  # the worker's heap is kept (see batch_builder)
+            env.setdefault(name, value)
         try:
             self.process = subprocess.Popen(
                 # -P: not the working directory first on the module path (as -m puts it), so that
