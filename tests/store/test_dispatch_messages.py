@@ -1,6 +1,6 @@
 """Parallel dispatch's messages and pipes: what the coordinator and its workers send each other
-(pickled cheaply, framed, read through a buffer), and the batches whose few queues a worker
-writes whole instead of handing units over."""
+(pickled cheaply, framed, read through a buffer), the batches whose few queues a worker writes
+whole instead of handing units over, and the compiled copying of queues' units into their files."""
 
 from __future__ import annotations
 
@@ -8,10 +8,14 @@ import os
 import pickle
 import random
 
+import mmap
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tidemq.store import batch_builder
 from tidemq.store.batch_builder import (
     DIRECT_QUEUES,
     BatchBuilder,
@@ -28,6 +32,7 @@ from tidemq.store.batch_builder import (
 from tidemq.store.consume_queue import UNIT_DTYPE
 from tidemq.store.dispatch import ConsumeQueueStore
 from tidemq.store.parallel_dispatch import ParallelDispatcher
+from trees import same_tree
 from test_parallel_dispatch import build_log, sequential_build, two_workers_against_one_thread
 from trees import same_tree
 
@@ -171,3 +176,73 @@ def test_workers_hand_no_units_over_for_few_queues_and_build_the_same_files(tmp_
         assert dispatcher.dispatch_until(log.write_position) == len(layout)
         assert dispatcher.worker_batches > 4 and dispatcher.inline_batches == 0
         assert dispatcher.handovers_forwarded == 0
+
+
+def _write_random_groups(root, seed: int) -> None:
+    """Units of 60 queue runs, whole or scattered, in random order, over 2 topics x 3 queues with
+    7 slots a file (5 for one queue), through a builder keeping at most 3 files mapped."""
+    rng = random.Random(seed)
+    builder = BatchBuilder(str(root), 7, False, units_per_file={("b", 1): 5})
+    builder.max_queue_files = 3  # mappings are dropped part way through, some while a run spans files
+    free = {(tid, qid): list(range(60)) for tid in range(2) for qid in range(3)}
+    tids, qids, firsts, counts, whole, slots = [], [], [], [], [], []
+    for _ in range(60):
+        tid, qid = rng.randrange(2), rng.randrange(3)
+        count = rng.randint(1, 12)
+        run = rng.random() < 0.8
+        left = free[(tid, qid)]
+        if not left:
+            continue
+        if run:
+            first = rng.choice(left)
+            taken = [slot for slot in range(first, first + count) if slot in left]
+            taken = taken[: next((i for i, slot in enumerate(taken) if slot != first + i), len(taken))]
+        else:
+            taken = sorted(rng.sample(left, min(count, len(left))))
+        if not taken:
+            continue
+        for slot in taken:
+            left.remove(slot)
+        for column, value in ((tids, tid), (qids, qid), (firsts, taken[0]), (counts, len(taken)), (whole, run)):
+            column.append(value)
+        slots += taken
+    stops = np.cumsum(counts)
+    units = np.frombuffer(rng.randbytes(20 * len(slots)), UNIT_DTYPE)
+    order = np.array(rng.sample(range(len(counts)), len(counts)))
+    builder._write_groups(["a", "b"], order, np.array(tids), np.array(qids), np.array(firsts), stops - counts, stops, np.array(whole),
+                          np.array(slots), units, memoryview(units.tobytes()))
+    builder.close()
+
+
+@pytest.mark.skipif(batch_builder._write_runs is None, reason="the compiled extension is not built")
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_runs_write_the_same_files_as_the_python_loop(tmp_path, monkeypatch, seed):
+    _write_random_groups(tmp_path / "compiled", seed)
+    monkeypatch.setattr(batch_builder, "_write_runs", None)
+    _write_random_groups(tmp_path / "python", seed)
+    assert len(list((tmp_path / "python").rglob("0*"))) > 10  # runs spread over many files
+    assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
+
+
+@pytest.mark.skipif(batch_builder._write_runs is None, reason="the compiled extension is not built")
+def test_compiled_runs_refuse_groups_that_do_not_fit(tmp_path):
+    units = bytes(40)
+    small = mmap.mmap(-1, 60)
+    files = {("a", 0, 0): small}
+
+    def open_file(*args):
+        raise AssertionError(f"no file should be opened: {args}")
+
+    def write(row, upf=3):
+        batch_builder._write_runs(files, ["a"], {}, upf, np.array([row], np.int64), units, open_file)
+
+    write([0, 0, 1, 0, 2])  # slots 1 and 2 of the 3-slot file
+    with pytest.raises(ValueError, match="does not fit"):
+        write([1, 0, 0, 0, 1])  # no topic 1
+    with pytest.raises(ValueError, match="does not fit"):
+        write([0, 0, 0, 1, 3])  # 2 units given
+    with pytest.raises(ValueError, match="past the end"):
+        write([0, 0, 2, 0, 2], upf=4)  # slots 2 and 3: a file said to hold 4 slots is 3 long
+    with pytest.raises(ValueError, match="positive"):
+        write([0, 0, 1, 0, 2], upf=0)
+    small.close()  # no buffer is left exported

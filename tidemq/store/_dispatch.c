@@ -2,7 +2,8 @@
  *
  * - `scan_into`: the record walk of `scan.scan`;
  * - `index_append`: `IndexFile.append`'s writing of entries and slot chains;
- * - `java_hash`: Java's String.hashCode of one str (tags codes, key hashes one at a time).
+ * - `java_hash`: Java's String.hashCode of one str (tags codes, key hashes one at a time);
+ * - `write_runs`: `BatchBuilder._write_groups`'s copying of queues' runs of units into their files.
  *
  * Each has a Python or NumPy twin used where the extension is not built; tests compare the two.
  *
@@ -545,6 +546,103 @@ done:
     return result;
 }
 
+/* write_runs(files, names, units_per_file, default_units_per_file, groups, units, open_file) -> None:
+   ConsumeQueue units copied to their slots, one copy per queue file a run spans: the loop of
+   `BatchBuilder._write_groups` over queues whose slots in the batch are one run.  `groups` holds
+   int64 rows (topic id, queue id, first slot, start, stop): queue (names[topic id], queue id)
+   gets units[start:stop] of `units` (20 bytes each) at its slots first .. first + stop - start - 1.
+   A queue's files hold upf slots each, upf = units_per_file.get((topic, queue id),
+   default_units_per_file); the one holding slot s is files[(topic, queue id, s - s % upf)], or,
+   missing there, open_file(topic, queue id, s - s % upf, upf), which maps it (and may close and
+   empty `files`).  Each mapping is held, and its buffer exported, only for its copy. */
+static PyObject *write_runs(PyObject *self, PyObject *args) {
+    PyObject *files, *names, *upf_of, *open_file;
+    Py_ssize_t default_upf;
+    Py_buffer gv, uv;
+    if (!PyArg_ParseTuple(args, "O!O!O!ny*y*O", &PyDict_Type, &files, &PyList_Type, &names, &PyDict_Type, &upf_of,
+                          &default_upf, &gv, &uv, &open_file))
+        return NULL;
+    PyObject *result = NULL, *queue_id = NULL;
+    Py_ssize_t n = gv.len / 40, unit_count = uv.len / 20, name_count = PyList_GET_SIZE(names);
+    if (column(&gv, 40, n, "groups") < 0 || column(&uv, 20, unit_count, "units") < 0) goto done;
+    if (default_upf <= 0) {
+        PyErr_Format(PyExc_ValueError, "units per file must be positive, not %zd", default_upf);
+        goto done;
+    }
+    const int64_t *g = gv.buf;
+    for (Py_ssize_t i = 0; i < n; i++, g += 5) {
+        int64_t tid = g[0], first = g[2], start = g[3], stop = g[4];
+        if (tid < 0 || tid >= name_count || g[1] < INT32_MIN || g[1] > INT32_MAX || first < 0 || start < 0
+            || stop < start || stop > unit_count) {
+            PyErr_Format(PyExc_ValueError, "group %zd (topic id %lld, queue id %lld, first slot %lld, units %lld..%lld) "
+                         "does not fit %zd topics and %zd units", i, (long long)tid, (long long)g[1], (long long)first,
+                         (long long)start, (long long)stop, name_count, unit_count);
+            goto done;
+        }
+        PyObject *topic = PyList_GET_ITEM(names, tid);
+        queue_id = PyLong_FromLongLong(g[1]);
+        if (queue_id == NULL) goto done;
+        Py_ssize_t upf = default_upf;
+        if (PyDict_GET_SIZE(upf_of)) {
+            PyObject *key = PyTuple_Pack(2, topic, queue_id);
+            if (key == NULL) goto done;
+            PyObject *value = PyDict_GetItemWithError(upf_of, key);
+            Py_DECREF(key);
+            if (value != NULL) {
+                upf = PyLong_AsSsize_t(value);
+                if (upf <= 0) {
+                    if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "units per file must be positive, not %zd", upf);
+                    goto done;
+                }
+            } else if (PyErr_Occurred()) {
+                goto done;
+            }
+        }
+        for (int64_t done = start; done < stop;) {
+            int64_t slot = first + done - start, file_start = slot - slot % upf;
+            int64_t count = stop - done < file_start + upf - slot ? stop - done : file_start + upf - slot;
+            PyObject *file_start_obj = PyLong_FromLongLong(file_start);
+            if (file_start_obj == NULL) goto done;
+            PyObject *key = PyTuple_Pack(3, topic, queue_id, file_start_obj);
+            PyObject *mm = key ? PyDict_GetItemWithError(files, key) : NULL;
+            Py_XDECREF(key);
+            if (mm != NULL) {
+                Py_INCREF(mm);
+            } else if (key != NULL && !PyErr_Occurred()) {
+                PyObject *upf_obj = PyLong_FromSsize_t(upf);
+                if (upf_obj != NULL) mm = PyObject_CallFunctionObjArgs(open_file, topic, queue_id, file_start_obj, upf_obj, NULL);
+                Py_XDECREF(upf_obj);
+            }
+            Py_DECREF(file_start_obj);
+            if (mm == NULL) goto done;
+            Py_buffer view;
+            if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) {
+                Py_DECREF(mm);
+                goto done;
+            }
+            Py_ssize_t pos = (Py_ssize_t)(slot - file_start) * 20;
+            if (pos + count * 20 > view.len) {
+                PyErr_Format(PyExc_ValueError, "slots %lld..%lld lie past the end of a %zd-byte queue file", (long long)slot,
+                             (long long)(slot + count - 1), view.len);
+                PyBuffer_Release(&view);
+                Py_DECREF(mm);
+                goto done;
+            }
+            memcpy((unsigned char *)view.buf + pos, (const unsigned char *)uv.buf + done * 20, (size_t)count * 20);
+            PyBuffer_Release(&view);
+            Py_DECREF(mm);
+            done += count;
+        }
+        Py_CLEAR(queue_id);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(queue_id);
+    PyBuffer_Release(&gv);
+    PyBuffer_Release(&uv);
+    return result;
+}
+
 /* java_hash(text) -> int: Java's String.hashCode of a str (h = 31 * h + unit over its UTF-16 code
    units, a code point past U+FFFF as its surrogate pair, a lone surrogate as itself), as a
    signed int32. */
@@ -583,6 +681,7 @@ static PyMethodDef methods[] = {
     {"java_hash", java_hash, METH_O, "Java's String.hashCode of a str, as a signed int32."},
     {"index_append", index_append, METH_VARARGS, "Write IndexFile entries and their slot chains (see the module source)."},
     {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
+    {"write_runs", write_runs, METH_VARARGS, "Copy ConsumeQueue units into their queue files (see the module source)."},
     {NULL, NULL, 0, NULL},
 };
 

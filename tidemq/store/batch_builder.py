@@ -58,6 +58,11 @@ from .dispatch import QueueKey, group_by_queue
 from .index_file import HEADER, IndexFile
 from .scan import scan
 
+try:
+    from ._dispatch import write_runs as _write_runs
+except ImportError:  # the extension is optional: without it, a Python loop copies the runs
+    _write_runs = None
+
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 CRASH_EXIT_CODE = 75
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
@@ -445,48 +450,49 @@ class BatchBuilder:
             if not len(own):
                 return runs, handovers
         else:
-            own = slice(None)  # every queue is this builder's
-        own_groups = list(zip(starts[own].tolist(), stops[own].tolist(), firsts[own].tolist(), contiguous[own].tolist(),
-                              group_topic_ids[own].tolist(), group_queue_ids[own].tolist()))
-        self._write_groups(names, self._rotated(own_groups), slots, units, memoryview(units.tobytes()))
+            own = np.arange(len(starts))  # every queue is this builder's
+        self._write_groups(names, self._rotated(own), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous, slots,
+                           units, memoryview(units.tobytes()))
         return runs, handovers
 
-    def _write_groups(self, names: list[str], groups, slots: np.ndarray | None, units: np.ndarray, unit_bytes: memoryview) -> None:
-        """Write queues' units: `groups` yields (start, stop, first slot, contiguous, topic id,
-        queue id), the queue's units being units[start:stop]; a contiguous group's go to the
-        slots from its first on, one copy per queue file, the others' one at a time to the slots
-        slots[start:stop] name."""
+    def _write_groups(self, names: list[str], order: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray,
+                      starts: np.ndarray, stops: np.ndarray, whole: np.ndarray, slots: np.ndarray | None, units: np.ndarray,
+                      unit_bytes: memoryview) -> None:
+        """Write queues' units: for each group i of `order`, in that order, the queue
+        (names[topic_ids[i]], queue_ids[i]) gets units[starts[i]:stops[i]]; a `whole` group's go to
+        the slots from firsts[i] on, one copy per queue file (by `_dispatch.write_runs` where it is
+        built), the others' one at a time to the slots slots[starts[i]:stops[i]] name."""
+        if _write_runs is not None and not self.exit_after_units:
+            runs = order[whole[order]]
+            if len(runs):
+                table = np.empty((len(runs), 5), np.int64)
+                for column, values in enumerate((topic_ids, queue_ids, firsts, starts, stops)):
+                    table[:, column] = values[runs]
+                _write_runs(self._files, names, self._units_per_file, self.default_units_per_file, table, unit_bytes, self._queue_file)
+            order = order[~whole[order]]
         files = self._files
         upf_of = self._units_per_file
         default_upf = self.default_units_per_file
         crash_test = self.exit_after_units
-        for start, stop, first, whole, tid, queue_id in groups:
+        for start, stop, first, run, tid, queue_id in zip(starts[order].tolist(), stops[order].tolist(), firsts[order].tolist(),
+                                                          whole[order].tolist(), topic_ids[order].tolist(), queue_ids[order].tolist()):
             topic = names[tid]
             upf = upf_of.get((topic, queue_id), default_upf)
-            if crash_test or not whole:
+            if crash_test or not run:
                 group_slots = slots[start:stop].tolist() if slots is not None else list(range(first, first + stop - start))
                 self._write_slots(topic, queue_id, upf, group_slots, units[start:stop].tolist())
                 continue
-            count = stop - start
-            file_start = first - first % upf
-            if first + count <= file_start + upf:  # the run lies in one file
+            done = start
+            while done < stop:  # one copy per queue file the run spans
+                slot = first + done - start
+                file_start = slot - slot % upf
                 qmm = files.get((topic, queue_id, file_start))
                 if qmm is None:
                     qmm = self._queue_file(topic, queue_id, file_start, upf)
-                pos = (first - file_start) * UNIT_SIZE
-                qmm[pos : pos + count * UNIT_SIZE] = unit_bytes[start * UNIT_SIZE : stop * UNIT_SIZE]
-            else:
-                done = start
-                while done < stop:  # one copy per queue file the run spans
-                    slot = first + done - start
-                    file_start = slot - slot % upf
-                    qmm = files.get((topic, queue_id, file_start))
-                    if qmm is None:
-                        qmm = self._queue_file(topic, queue_id, file_start, upf)
-                    n = min(stop - done, file_start + upf - slot)
-                    pos = (slot - file_start) * UNIT_SIZE
-                    qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
-                    done += n
+                n = min(stop - done, file_start + upf - slot)
+                pos = (slot - file_start) * UNIT_SIZE
+                qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
+                done += n
 
     def _write_units_small(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
         """`_write_units` for a few records (NumPy's fixed cost would dominate): one unit at a
@@ -546,23 +552,26 @@ class BatchBuilder:
         """Write the units another builder handed over (of queues this one owns)."""
         self._exit_if_orphaned()
         units = np.frombuffer(handover.units, dtype=UNIT_DTYPE)
-        counts = handover.counts.tolist()
-        stops = np.cumsum(counts).tolist()
-        starts = [0] + stops[:-1]
-        whole = [handover.slots is None] * len(counts)
-        groups = list(zip(starts, stops, handover.firsts.tolist(), whole, handover.topic_ids.tolist(), handover.queue_ids.tolist()))
+        stops = np.cumsum(handover.counts)
+        starts = stops - handover.counts
+        whole = np.full(len(starts), handover.slots is None)
+        order = np.arange(len(starts))
         if self.exit_in_handover:
-            self._write_groups(handover.topic_names, groups[: len(groups) // 2 + 1], handover.slots, units, memoryview(handover.units))
+            order = order[: len(order) // 2 + 1]
+        else:
+            order = self._rotated(order)
+        self._write_groups(handover.topic_names, order, handover.topic_ids, handover.queue_ids, handover.firsts, starts, stops, whole,
+                           handover.slots, units, memoryview(handover.units))
+        if self.exit_in_handover:
             os._exit(CRASH_EXIT_CODE)  # a worker killed while writing units handed over (tests only)
-        self._write_groups(handover.topic_names, self._rotated(groups), handover.slots, units, memoryview(handover.units))
 
-    def _rotated(self, groups: list) -> list:
-        """`groups` (ordered by topic, then queue id) started `owner / owners` of the way through
-        and wrapped round: workers meeting new queues of the same topics at the same time create
-        them in different topics' directories (creating a queue's directory holds its topic
+    def _rotated(self, order: np.ndarray) -> np.ndarray:
+        """The groups `order` lists (by topic, then queue id) started `owner / owners` of the way
+        through and wrapped round: workers meeting new queues of the same topics at the same time
+        create them in different topics' directories (creating a queue's directory holds its topic
         directory's lock: two workers creating in one topic wait for each other)."""
-        turn = len(groups) * self.owner // self.owners
-        return groups[turn:] + groups[:turn] if turn else groups
+        turn = len(order) * self.owner // self.owners
+        return np.concatenate((order[turn:], order[:turn])) if turn else order
 
     def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: list[tuple[int, int, int]]) -> None:
         """One unit at a time, for a queue whose slots in the batch are not one contiguous run

@@ -19,7 +19,10 @@ the store's files through their own mappings:
   batch with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it
   owns **at their slots** (queue offsets were assigned at append time) through its own mapping
   of each queue file, creating files as needed: a queue's contiguous run of slots in the batch
-  is one copy of a unit array.  Worker k of N starts on its queues of a batch k/N of the way
+  is one copy of a unit array (the copies of all the queues by one compiled loop,
+  `_dispatch.write_runs`, where the extension is built: with 10,000 queues the Python loop took
+  85 of the 193 ms a worker spent building the steady half's batches, the compiled one 40-45;
+  writing the units handed over went from 32-105 ms to 13-29 a worker).  Worker k of N starts on its queues of a batch k/N of the way
   through them (ordered by topic), so that two workers meeting new queues at the same time
   create them in different topics' directories instead of waiting for each other on one.  The
   units of the queues other workers own it packs, per owner, into a `UnitsHandover` (per queue
