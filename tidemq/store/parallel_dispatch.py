@@ -15,22 +15,22 @@ the store's files through their own mappings:
   one worker, not by every worker whose batches touch it; except in a batch naming few queues
   (`batch_builder.DIRECT_QUEUES`: a few busy queues, one hot queue), which the worker building
   it writes whole: handing those units over cost more than each worker mapping their few files.
-- A worker (`batch_builder.BatchBuilder`) maps the commit-log segment read-only, decodes the
-  batch with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it
-  owns **at their slots** (queue offsets were assigned at append time) through its own mapping
-  of each queue file, creating files as needed: a queue's contiguous run of slots in the batch
-  is one copy of a unit array (the copies of all the queues by one compiled loop,
-  `_dispatch.write_runs`, where the extension is built: with 10,000 queues the Python loop took
-  85 of the 193 ms a worker spent building the steady half's batches, the compiled one 40-45;
-  writing the units handed over went from 32-105 ms to 13-29 a worker).  Worker k of N starts on its queues of a batch k/N of the way
-  through them (ordered by topic), so that two workers meeting new queues at the same time
-  create them in different topics' directories instead of waiting for each other on one.  The
-  units of the queues other workers own it packs, per owner, into a `UnitsHandover` (per queue
-  its first slot and count, the units back to back), unless the batch names few queues.  For
-  the key index it computes the entries (hash of `topic#key`, commit-log offset, store time)
-  and keeps them.  It answers with, per queue of the batch (its own and the others'), the
-  slots of the batch, how many index entries it holds, where its walk ended (past the blank if
-  one closes the segment), and the handovers, pickled.
+- A worker (`batch_builder.BatchBuilder`) maps the commit-log segment read-only, decodes the batch
+  with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it owns **at
+  their slots** (queue offsets were assigned at append time) through its own mapping of each queue
+  file, creating files as needed: a queue's contiguous run of slots in the batch is one copy of a
+  unit array (the copies of all the queues by one compiled loop, `_dispatch.write_runs`, where the
+  extension is built: with 10,000 queues the Python loop took 85 of the 193 ms a worker spent
+  building the steady half's batches, the compiled one 40-45; writing the units handed over went
+  from 32-105 ms to 13-29 a worker).  Worker k of N starts on its queues of a batch k/N of the way
+  through them (ordered by topic), so that two workers meeting new queues at the same time create
+  them in different topics' directories instead of waiting for each other on one.  The units of
+  the queues other workers own it packs, per owner, into a `UnitsHandover` (per queue its first
+  slot and count, the units back to back), unless the batch names few queues.  For the key index
+  it computes the entries (hash of `topic#key`, commit-log offset, store time) and keeps them.  It
+  answers with, per queue of the batch (its own and the others'), the slots of the batch, how many
+  index entries it holds, where its walk ended (past the blank if one closes the segment), and the
+  handovers, pickled.
 - The coordinator forwards each handover, unopened, to its owner (`_hand_over`), who writes the
   units (before its next build, or between decoding a batch and writing it) and answers
   `UnitsWritten`.  A batch's answer is complete when its builder has answered and every owner it
