@@ -178,9 +178,10 @@ def test_workers_hand_no_units_over_for_few_queues_and_build_the_same_files(tmp_
         assert dispatcher.handovers_forwarded == 0
 
 
-def _write_random_groups(root, seed: int) -> None:
+def _write_random_groups(root, seed: int) -> list[int]:
     """Units of 60 queue runs, whole or scattered, in random order, over 2 topics x 3 queues with
-    7 slots a file (5 for one queue), through a builder keeping at most 3 files mapped."""
+    7 slots a file (5 for one queue), through a builder keeping at most 3 files mapped, which finds
+    no file for queue ("b", 2) past its first; returns the groups left unwritten."""
     rng = random.Random(seed)
     builder = BatchBuilder(str(root), 7, False, units_per_file={("b", 1): 5})
     builder.max_queue_files = 3  # mappings are dropped part way through, some while a run spans files
@@ -189,7 +190,7 @@ def _write_random_groups(root, seed: int) -> None:
     for _ in range(60):
         tid, qid = rng.randrange(2), rng.randrange(3)
         count = rng.randint(1, 12)
-        run = rng.random() < 0.8
+        run = rng.random() < 0.8 or (tid, qid) == (1, 2)  # ("b", 2): runs only, each written through open_file
         left = free[(tid, qid)]
         if not left:
             continue
@@ -209,17 +210,23 @@ def _write_random_groups(root, seed: int) -> None:
     stops = np.cumsum(counts)
     units = np.frombuffer(rng.randbytes(20 * len(slots)), UNIT_DTYPE)
     order = np.array(rng.sample(range(len(counts)), len(counts)))
-    builder._write_groups(["a", "b"], order, np.array(tids), np.array(qids), np.array(firsts), stops - counts, stops, np.array(whole),
-                          np.array(slots), units, memoryview(units.tobytes()))
+
+    def open_file(topic, queue_id, file_start, upf):
+        return None if (topic, queue_id) == ("b", 2) and file_start else builder._queue_file(topic, queue_id, file_start, upf)
+
+    unwritten = builder._write_groups(["a", "b"], order, np.array(tids), np.array(qids), np.array(firsts), stops - counts, stops,
+                                      np.array(whole), np.array(slots), units, memoryview(units.tobytes()), open_file)
     builder.close()
+    return sorted(unwritten)
 
 
 @pytest.mark.skipif(batch_builder._write_runs is None, reason="the compiled extension is not built")
 @pytest.mark.parametrize("seed", range(4))
 def test_compiled_runs_write_the_same_files_as_the_python_loop(tmp_path, monkeypatch, seed):
-    _write_random_groups(tmp_path / "compiled", seed)
+    unwritten = _write_random_groups(tmp_path / "compiled", seed)
     monkeypatch.setattr(batch_builder, "_write_runs", None)
-    _write_random_groups(tmp_path / "python", seed)
+    assert _write_random_groups(tmp_path / "python", seed) == unwritten
+    assert unwritten  # runs of ("b", 2) reaching past its first file
     assert len(list((tmp_path / "python").rglob("0*"))) > 10  # runs spread over many files
     assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
 

@@ -546,7 +546,7 @@ done:
     return result;
 }
 
-/* write_runs(files, names, units_per_file, default_units_per_file, groups, units, open_file) -> None:
+/* write_runs(files, names, units_per_file, default_units_per_file, groups, units, open_file) -> list:
    ConsumeQueue units copied to their slots, one copy per queue file a run spans: the loop of
    `BatchBuilder._write_groups` over queues whose slots in the batch are one run.  `groups` holds
    int64 rows (topic id, queue id, first slot, start, stop): queue (names[topic id], queue id)
@@ -554,7 +554,8 @@ done:
    A queue's files hold upf slots each, upf = units_per_file.get((topic, queue id),
    default_units_per_file); the one holding slot s is files[(topic, queue id, s - s % upf)], or,
    missing there, open_file(topic, queue id, s - s % upf, upf), which maps it (and may close and
-   empty `files`).  Each mapping is held, and its buffer exported, only for its copy. */
+   empty `files`) or returns None: the rest of that row is skipped.  Returns the skipped rows'
+   numbers.  Each mapping is held, and its buffer exported, only for its copy. */
 static PyObject *write_runs(PyObject *self, PyObject *args) {
     PyObject *files, *names, *upf_of, *open_file;
     Py_ssize_t default_upf;
@@ -562,7 +563,8 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!O!ny*y*O", &PyDict_Type, &files, &PyList_Type, &names, &PyDict_Type, &upf_of,
                           &default_upf, &gv, &uv, &open_file))
         return NULL;
-    PyObject *result = NULL, *queue_id = NULL;
+    PyObject *result = NULL, *queue_id = NULL, *skipped = PyList_New(0);
+    if (skipped == NULL) goto done;
     Py_ssize_t n = gv.len / 40, unit_count = uv.len / 20, name_count = PyList_GET_SIZE(names);
     if (column(&gv, 40, n, "groups") < 0 || column(&uv, 20, unit_count, "units") < 0) goto done;
     if (default_upf <= 0) {
@@ -615,6 +617,14 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
             }
             Py_DECREF(file_start_obj);
             if (mm == NULL) goto done;
+            if (mm == Py_None) {  /* not to be made here: the row goes back to the caller */
+                Py_DECREF(mm);
+                PyObject *row = PyLong_FromSsize_t(i);
+                int failed = row == NULL || PyList_Append(skipped, row) < 0;
+                Py_XDECREF(row);
+                if (failed) goto done;
+                break;
+            }
             Py_buffer view;
             if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) {
                 Py_DECREF(mm);
@@ -635,9 +645,10 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
         }
         Py_CLEAR(queue_id);
     }
-    result = Py_NewRef(Py_None);
+    result = Py_NewRef(skipped);
 done:
     Py_XDECREF(queue_id);
+    Py_XDECREF(skipped);
     PyBuffer_Release(&gv);
     PyBuffer_Release(&uv);
     return result;

@@ -3,18 +3,22 @@ built into ConsumeQueue units at their slots, and key-index entries, by `BatchBu
 worker process's loop (`_worker_main`, started as `python -m tidemq.store.dispatch_worker`); the
 pipes a worker and its coordinator talk over (`_Channel`).
 
-Queue ownership: with N workers, worker k writes the units of the queues it owns, those for which
-`owner_of(topic, queue id, N)` is k (a CRC-32 of the topic name plus the queue id, modulo N: the
-same in every process).  Building a batch, a worker writes the units of its own queues and packs
-those of each other worker's queues into a `UnitsHandover` (per queue its first slot and count,
-the 20-byte units back to back), which travels pickled inside the `BatchResult`; the coordinator
-forwards it unopened to the owner, who writes the units and answers `UnitsWritten`.  So every
-queue file is opened, extended and mapped by one worker only, except the files of the queues of
-a batch naming few of them (`DIRECT_QUEUES`: 10 busy queues, one hot queue), which the worker
-building it writes whole, owned or not, as handing them over costs more than mapping a few files
-in each worker.  The run of slots of every queue of the batch, its own or not, is in the `BatchResult`
-(`QueueRuns`).  A builder with one owner (the coordinator's inline builder) writes every queue
-itself.
+Queue ownership: with N workers, worker k owns the queues for which `owner_of(topic, queue id, N)`
+is k (a CRC-32 of the topic name plus the queue id, modulo N: the same in every process), and
+makes their files.  Building a batch, a worker writes the units of its own queues, and those of
+another worker's queue whose slots in the batch are one run into the queue's file when the owner
+has made it already (`_made_queue_file`: mapped then, while the builder's mappings are under half
+their budget); the rest of each other worker's queues it packs into a `UnitsHandover` (per queue
+its first slot and count, the 20-byte units back to back), which travels pickled inside the
+`BatchResult`; the coordinator forwards it unopened to the owner, who writes the units and answers
+`UnitsWritten`.  So a queue's files are made by one worker only, and units are handed over while
+a queue is new (and with more queues than half a worker's mappings); with 10,000 queues, handing
+every other queue's units over in every batch made 2 workers' steady state 11-33% slower (ext4,
+two runs) than writing them where the files are.  A batch naming few queues (`DIRECT_QUEUES`: 10
+busy queues, one hot queue) its builder writes whole, owned or not, making files as needed, as
+handing them over costs more than making a few files in each worker.  The run of slots of every
+queue of the batch, its own or not, is in the `BatchResult` (`QueueRuns`).  A builder with one
+owner (the coordinator's inline builder) writes every queue itself.
 
 In a worker process the key-index entries of a batch stay in the worker (`hold_index`): when the
 batch reaches the head, the coordinator asks that worker to append them (`IndexAppend`) to the
@@ -29,11 +33,12 @@ handed over), and so can what the coordinator forwards to it.  The coordinator's
 worker's never block without reading: while its answer does not fit in the pipe, it takes in what
 the coordinator sends (`_Channel.send_reading`), so that neither waits for the other forever.
 
-Ownership: each worker process has its own `BatchBuilder`, its own mappings of the segments and
-of the files of the queues it owns; workers write disjoint 20-byte slots and create queue files
-with O_CREAT + ftruncate to the common size (idempotent: the coordinator's inline builder and its
-ConsumeQueues open the same files).  At most one worker appends to the key index at a time, when
-the coordinator says so; only the coordinator creates index files.
+Ownership: each worker process has its own `BatchBuilder`, its own mappings of the segments and of
+the queue files it writes; workers write disjoint 20-byte slots and create queue files with O_CREAT
++ ftruncate to the common size (idempotent: the coordinator's inline builder and its ConsumeQueues
+open the same files, and a worker mapping a file its owner is making extends it too).  At most one
+worker appends to the key index at a time, when the coordinator says so; only the coordinator
+creates index files.
 """
 
 from __future__ import annotations
@@ -297,14 +302,25 @@ class BatchBuilder:
             self._segments[task.segment_path] = mm
         return mm
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap:
+    def _made_queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap | None:
+        """A file of another worker's queue, mapped if its owner has made it and this builder's
+        mappings are under half their budget (with more queues than that, each worker keeps to
+        its own); None otherwise: the units are handed over."""
+        if len(self._files) >= self.max_queue_files // 2:
+            return None
+        try:
+            return self._queue_file(topic, queue_id, file_start, upf, create=False)
+        except FileNotFoundError:
+            return None
+
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True) -> mmap.mmap:
         if len(self._files) >= self.max_queue_files:
             self.close_queue_files()
         path = f"{self.root}/{topic}/{queue_id}/{file_name(file_start * UNIT_SIZE)}"
         # every creator extends to the same size: idempotent; random access, so that a first
         # write reads in one page, not the file (readahead): with 10,000 new queues that was
         # most of the cost of making their files
-        mm = map_queue_file(path, upf * UNIT_SIZE, random_access=True)
+        mm = map_queue_file(path, upf * UNIT_SIZE, create=create, random_access=True)
         self._files[(topic, queue_id, file_start)] = mm
         return mm
 
@@ -431,51 +447,66 @@ class BatchBuilder:
             runs.counts[group] = count
             runs.extras[group] = extra
         handovers = []
+        unit_bytes = memoryview(units.tobytes())
         if self.owners > 1 and len(starts) > self.direct_queues:
             group_owners = self._owners_of(names, group_topic_ids, group_queue_ids)
-            row_owners = np.repeat(group_owners, stops - starts)
+            mine = group_owners == self.owner
+            # the other workers' queues: the runs go into the files this builder maps or finds
+            # made, the rest (and every queue whose slots are not one run) is handed over
+            others = np.flatnonzero(~mine & contiguous)
+            unwritten = self._write_groups(names, others, group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous, slots,
+                                           units, unit_bytes, self._made_queue_file)
+            handed = np.zeros(len(starts), dtype=bool)
+            handed[~mine & ~contiguous] = True
+            handed[unwritten] = True
             for owner in range(self.owners):
-                if owner == self.owner:
+                picked = handed & (group_owners == owner)
+                if owner == self.owner or not picked.any():
                     continue
-                picked = np.flatnonzero(group_owners == owner)
-                if not len(picked):
-                    continue
-                picked_rows = row_owners == owner
+                picked_rows = np.repeat(picked, stops - starts)
+                picked = np.flatnonzero(picked)
                 handover = UnitsHandover(
                     batch_id, names, group_topic_ids[picked], group_queue_ids[picked], firsts[picked], (stops - starts)[picked],
                     None if contiguous[picked].all() else slots[picked_rows], units[picked_rows].tobytes(),
                 )
                 handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
-            own = np.flatnonzero(group_owners == self.owner)
+            own = np.flatnonzero(mine)
             if not len(own):
                 return runs, handovers
         else:
             own = np.arange(len(starts))  # every queue is this builder's
         self._write_groups(names, self._rotated(own), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous, slots,
-                           units, memoryview(units.tobytes()))
+                           units, unit_bytes)
         return runs, handovers
 
     def _write_groups(self, names: list[str], order: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray,
                       starts: np.ndarray, stops: np.ndarray, whole: np.ndarray, slots: np.ndarray | None, units: np.ndarray,
-                      unit_bytes: memoryview) -> None:
+                      unit_bytes: memoryview, open_file=None) -> list[int]:
         """Write queues' units: for each group i of `order`, in that order, the queue
         (names[topic_ids[i]], queue_ids[i]) gets units[starts[i]:stops[i]]; a `whole` group's go to
         the slots from firsts[i] on, one copy per queue file (by `_dispatch.write_runs` where it is
-        built), the others' one at a time to the slots slots[starts[i]:stops[i]] name."""
+        built), the others' one at a time to the slots slots[starts[i]:stops[i]] name.  A file not
+        mapped yet is mapped by `open_file` (`_queue_file`, which makes it if need be, by default);
+        if that gives None, the rest of the group is left unwritten.  Returns the groups left so."""
+        open_file = open_file or self._queue_file
+        unwritten: list[int] = []
         if _write_runs is not None and not self.exit_after_units:
             runs = order[whole[order]]
             if len(runs):
                 table = np.empty((len(runs), 5), np.int64)
                 for column, values in enumerate((topic_ids, queue_ids, firsts, starts, stops)):
                     table[:, column] = values[runs]
-                _write_runs(self._files, names, self._units_per_file, self.default_units_per_file, table, unit_bytes, self._queue_file)
+                skipped = _write_runs(self._files, names, self._units_per_file, self.default_units_per_file, table, unit_bytes, open_file)
+                unwritten = runs[skipped].tolist() if skipped else []
             order = order[~whole[order]]
         files = self._files
         upf_of = self._units_per_file
         default_upf = self.default_units_per_file
         crash_test = self.exit_after_units
-        for start, stop, first, run, tid, queue_id in zip(starts[order].tolist(), stops[order].tolist(), firsts[order].tolist(),
-                                                          whole[order].tolist(), topic_ids[order].tolist(), queue_ids[order].tolist()):
+        for group, start, stop, first, run, tid, queue_id in zip(
+            order.tolist(), starts[order].tolist(), stops[order].tolist(), firsts[order].tolist(), whole[order].tolist(),
+            topic_ids[order].tolist(), queue_ids[order].tolist(),
+        ):
             topic = names[tid]
             upf = upf_of.get((topic, queue_id), default_upf)
             if crash_test or not run:
@@ -488,11 +519,15 @@ class BatchBuilder:
                 file_start = slot - slot % upf
                 qmm = files.get((topic, queue_id, file_start))
                 if qmm is None:
-                    qmm = self._queue_file(topic, queue_id, file_start, upf)
+                    qmm = open_file(topic, queue_id, file_start, upf)
+                    if qmm is None:
+                        unwritten.append(group)
+                        break
                 n = min(stop - done, file_start + upf - slot)
                 pos = (slot - file_start) * UNIT_SIZE
                 qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
                 done += n
+        return unwritten
 
     def _write_units_small(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
         """`_write_units` for a few records (NumPy's fixed cost would dominate): one unit at a

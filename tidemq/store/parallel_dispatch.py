@@ -11,22 +11,23 @@ the store's files through their own mappings:
   hold those bytes); the worker's walk over the batch confirms it.
 - **Queue ownership**: with N workers, worker k owns the queues `batch_builder.owner_of` gives
   k (CRC-32 of the topic name plus the queue id, modulo N; a worker's replacement owns the
-  same).  Only a queue's owner opens, extends and maps its files, so a queue file is mapped by
-  one worker, not by every worker whose batches touch it; except in a batch naming few queues
+  same).  Only a queue's owner makes its files; another worker writes a queue's run of units
+  into its file once the owner has made it (and while its mappings are under half their
+  budget), and hands them over to the owner otherwise; except in a batch naming few queues
   (`batch_builder.DIRECT_QUEUES`: a few busy queues, one hot queue), which the worker building
-  it writes whole: handing those units over cost more than each worker mapping their few files.
+  it writes whole: handing those units over cost more than each worker making their few files.
 - A worker (`batch_builder.BatchBuilder`) maps the commit-log segment read-only, decodes the batch
   with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it owns **at
   their slots** (queue offsets were assigned at append time) through its own mapping of each queue
-  file, creating files as needed: a queue's contiguous run of slots in the batch is one copy of a
-  unit array (the copies of all the queues by one compiled loop, `_dispatch.write_runs`, where the
+  file, creating files as needed (and of the others' queues, see above): a queue's contiguous run
+  of slots in the batch is one copy of a unit array (the copies of all the queues by one compiled loop, `_dispatch.write_runs`, where the
   extension is built: with 10,000 queues the Python loop took 85 of the 193 ms a worker spent
   building the steady half's batches, the compiled one 40-45; writing the units handed over went
   from 32-105 ms to 13-29 a worker).  Worker k of N starts on its queues of a batch k/N of the way
   through them (ordered by topic), so that two workers meeting new queues at the same time create
   them in different topics' directories instead of waiting for each other on one.  The units of
-  the queues other workers own it packs, per owner, into a `UnitsHandover` (per queue its first
-  slot and count, the units back to back), unless the batch names few queues.  For the key index
+  the queues other workers own that it did not write it packs, per owner, into a `UnitsHandover`
+  (per queue its first slot and count, the units back to back).  For the key index
   it computes the entries (hash of `topic#key`, commit-log offset, store time) and keeps them.  It
   answers with, per queue of the batch (its own and the others'), the slots of the batch, how many
   index entries it holds, where its walk ended (past the blank if one closes the segment), and the
@@ -84,14 +85,15 @@ trusted after a clean shutdown, when every batch is finished.  Units written pas
 unwritten slot are zeroed when the queue is loaded, so they are never taken for entries.
 
 Ownership: one coordinator thread calls `dispatch_until`; each worker writes the slots of the
-queues it owns and of every queue of a batch naming few queues it builds (and the coordinator's
-inline builder any slot), disjoint 20-byte slots in any case, and creates queue files with
-O_CREAT + ftruncate to the common size (idempotent); only the coordinator touches `ConsumeQueue`
-objects, the `KeyIndex` (its file list) and the listeners; the one worker it asked writes into
-the newest index file's mapping while the coordinator waits for it.  Open files: a worker maps
-the files of its share of the queues, and of the few queues of the batches it writes whole,
-within its budget (`open_files.mapping_budget`); the coordinator's mappings are
-`consume_queue.MAPPINGS` and its inline builder's.  Units a worker wrote for a batch that is
+queues it owns, of other queues whose files are made, and of every queue of a batch naming few
+queues it builds (and the coordinator's inline builder any slot), disjoint 20-byte slots in any
+case, and creates queue files with O_CREAT + ftruncate to the common size (idempotent); only the
+coordinator touches `ConsumeQueue` objects, the `KeyIndex` (its file list) and the listeners; the
+one worker it asked writes into the newest index file's mapping while the coordinator waits for
+it.  Open files: a worker maps the files of its share of the queues, of other queues while its
+mappings are under half its budget, and of the few queues of the batches it writes whole, within
+its budget (`open_files.mapping_budget`); the coordinator's mappings are `consume_queue.MAPPINGS`
+and its inline builder's.  Units a worker wrote for a batch that is
 dropped lie above the frontiers and are overwritten when the batch is built again.
 """
 
