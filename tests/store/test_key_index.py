@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -287,6 +288,28 @@ def test_cli_store_query(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------
 # Dispatch lag
+
+
+def test_dispatch_lag_before_anything_is_dispatched_is_the_age_of_the_oldest_waiting_record(tmp_path):
+    with MessageStore(tmp_path / "store", small_config()) as store:
+        gate = threading.Event()
+        dispatch_until = store.dispatcher.dispatch_until
+
+        def held(*args, **kwargs):  # the store's dispatch thread waits here
+            gate.wait(30)
+            return dispatch_until(*args, **kwargs)
+
+        store.dispatcher.dispatch_until = held
+        try:
+            results = [store.put(Message(topic="t", body=b"b", keys=[f"k{i}"])) for i in range(3)]
+            lag = store.dispatch_lag()
+        finally:
+            gate.set()
+        age = results[-1].store_timestamp - results[0].store_timestamp  # 500 ms on the store's clock
+        assert lag.bytes == results[-1].commit_log_offset + results[-1].size and lag.milliseconds == age
+        assert lag.sinks == {"consume_queue": (lag.bytes, age), "key_index": (lag.bytes, age)}
+        assert store.wait_dispatched()
+        assert store.dispatch_lag().milliseconds == 0
 
 
 def test_dispatch_lag_per_sink_live_and_offline(tmp_path, capsys):

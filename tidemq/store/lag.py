@@ -31,10 +31,19 @@ def sink_lags(dispatcher, confirmed: int, newest_timestamp: int) -> dict[str, tu
             offset = dispatcher.dispatched_offset
             last = dispatcher.stats.last_store_timestamp
         behind = max(0, confirmed - offset)
-        if behind and not last:  # nothing dispatched since opening: age of the oldest waiting record
-            last = _store_time_at(dispatcher.commit_log, offset) or newest_timestamp
-        out[sink.name] = (behind, max(0, newest_timestamp - last) if behind else 0)
+        out[sink.name] = (behind, milliseconds_behind(dispatcher.commit_log, offset, last, newest_timestamp, behind))
     return out
+
+
+def milliseconds_behind(commit_log, offset: int, last: int, newest_timestamp: int, behind: int) -> int:
+    """Store time of the newest record - `last`, that of the last record dispatched (0 when not
+    `behind`); with nothing dispatched since opening (`last` 0), the age of the oldest record
+    waiting, the one at `offset`."""
+    if not behind:
+        return 0
+    if not last:
+        last = _store_time_at(commit_log, offset) or newest_timestamp
+    return max(0, newest_timestamp - last)
 
 
 def _store_time_at(commit_log, offset: int) -> int | None:

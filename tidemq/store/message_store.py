@@ -32,7 +32,7 @@ from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
 from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
 from .key_index import KeyIndex
-from .lag import sink_lags
+from .lag import milliseconds_behind, sink_lags
 from .message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
 from .parallel_dispatch import ParallelDispatcher
 from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLockedError
@@ -602,9 +602,10 @@ class MessageStore:
         return True
 
     def dispatch_lag(self) -> DispatchLag:
-        behind = max(0, self.confirmed_offset - self.dispatcher.dispatched_offset)
+        dispatched = self.dispatcher.dispatched_offset
+        behind = max(0, self.confirmed_offset - dispatched)
         newest = self._last_written[1]
-        millis = max(0, newest - self.dispatcher.stats.last_store_timestamp) if behind else 0
+        millis = milliseconds_behind(self.commit_log, dispatched, self.dispatcher.stats.last_store_timestamp, newest, behind)
         return DispatchLag(behind, millis, sink_lags(self.dispatcher, self.confirmed_offset, newest))
 
     # -- flushing and maintenance ----------------------------------------------------------------
