@@ -397,12 +397,9 @@ def test_owner_of_is_stable_and_alternates_over_a_topics_queues():
     assert owner_of("t", 5, 1) == 0
 
 
-@pytest.mark.parametrize("count", [12, 600], ids=["small batch", "large batch"])
-def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, count):
-    """Builder 0 of 2 makes the files of the queues it owns only; the units of the others go,
-    whole, to builder 1, whose writing them completes files equal to the single thread's.  Built
-    again, the batch hands nothing over in a large batch: the other queues' files are made."""
-    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(count)]
+def _builders_of_two_owners(tmp_path: Path, layout: list[tuple[str, int]]):
+    """(the queues' slot counts, the consume-queue root, builders 0 and 1 of 2 writing there, one
+    task holding the whole log of `layout`); the single thread's build is under tmp_path/sequential."""
     log, assigned = build_log(tmp_path / "log", layout, segment_size=1 << 20)
     sequential_build(log, tmp_path / "sequential", units=64)
     root = tmp_path / "parallel" / "consumequeue"
@@ -410,6 +407,16 @@ def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, cou
     for owner, builder in enumerate(builders):
         builder.owner, builder.owners = owner, 2
     task = ParallelDispatcher(log, ConsumeQueueStore(tmp_path / "unused", 64), None, 0, 2, inline_bytes=0)._cut(log.write_position, 1 << 20)
+    return assigned, root, builders, task
+
+
+@pytest.mark.parametrize("count", [12, 600], ids=["small batch", "large batch"])
+def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, count):
+    """Builder 0 of 2 makes the files of the queues it owns only; the units of the others go,
+    whole, to builder 1, whose writing them completes files equal to the single thread's.  Built
+    again, the batch hands nothing over in a large batch: the other queues' files are made."""
+    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(count)]
+    assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
     result = builders[0].build(task)
     assert result.records == count
     mine = {key for key in assigned if owner_of(*key, 2) == 0}
@@ -432,13 +439,7 @@ def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, cou
 
 def test_a_builder_at_half_its_mappings_hands_the_other_queues_over_even_when_made(tmp_path):
     layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(600)]
-    log, assigned = build_log(tmp_path / "log", layout, segment_size=1 << 20)
-    sequential_build(log, tmp_path / "sequential", units=64)
-    root = tmp_path / "parallel" / "consumequeue"
-    builders = [BatchBuilder(str(root), 64, False) for _ in range(2)]
-    for owner, builder in enumerate(builders):
-        builder.owner, builder.owners = owner, 2
-    task = ParallelDispatcher(log, ConsumeQueueStore(tmp_path / "unused", 64), None, 0, 2, inline_bytes=0)._cut(log.write_position, 1 << 20)
+    assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
     builders[1].write_handover(pickle.loads(builders[0].build(task).handovers[0][1]))  # every queue's file made
     builders[0].close_queue_files()
     builders[0].max_queue_files = 2  # one file of another worker's queue mapped, then half the budget is used
