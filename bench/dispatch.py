@@ -26,6 +26,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -285,8 +286,6 @@ def file_system_parallelism(directory: Path, n: int) -> tuple[float, float]:
     part adds, all in the kernel) gets from n processes: (seconds for one process to create them,
     seconds for n processes each creating those of its share of the topics).  Nothing is deleted
     here: `throughput` deletes `directory` with the builds' files."""
-    import subprocess
-
     code = (
         "import os, sys\n"
         "root, share, shares, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])\n"
@@ -301,30 +300,28 @@ def file_system_parallelism(directory: Path, n: int) -> tuple[float, float]:
 
     def run(k: int) -> float:
         target = directory / f"{k}-processes"
-        start = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(target), str(share), str(k), str(UNITS * 20)])
-                 for share in range(k)]
-        for proc in procs:
-            if proc.wait():
-                raise RuntimeError(f"creating queue files in {target} failed ({proc.returncode})")
-        return time.perf_counter() - start
+        return _run_together([[code, str(target), str(share), str(k), str(UNITS * 20)] for share in range(k)])
 
     return run(1), run(n)
+
+
+def _run_together(programs: list[list[str]]) -> float:
+    """Wall seconds for `python -c program args...` processes, one per item, run side by side."""
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", *program]) for program in programs]
+    for proc, program in zip(procs, programs):
+        if proc.wait():
+            raise RuntimeError(f"a benchmark helper process failed ({proc.returncode}): {' '.join(program[1:])}")
+    return time.perf_counter() - start
 
 
 def machine_parallelism(n: int) -> float:
     """How many cores this machine gives us right now: n x (time of one busy process) / (time of
     n concurrent ones).  n on an idle machine; less when other work holds the cores."""
-    import subprocess
-
     code = "s = 0\nfor i in range(6_000_000): s += i"
 
     def run(k: int) -> float:
-        start = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(k)]
-        for proc in procs:
-            proc.wait()
-        return time.perf_counter() - start
+        return _run_together([[code]] * k)
 
     return n * min(run(1), run(1)) / min(run(n), run(n))  # the better of two each: a stray spell spoils one
 
