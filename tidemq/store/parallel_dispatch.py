@@ -20,18 +20,18 @@ the store's files through their own mappings:
   with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it owns **at
   their slots** (queue offsets were assigned at append time) through its own mapping of each queue
   file, creating files as needed (and of the others' queues, see above): a queue's contiguous run
-  of slots in the batch is one copy of a unit array (the copies of all the queues by one compiled loop, `_dispatch.write_runs`, where the
-  extension is built: with 10,000 queues the Python loop took 85 of the 193 ms a worker spent
-  building the steady half's batches, the compiled one 40-45; writing the units handed over went
-  from 32-105 ms to 13-29 a worker).  Worker k of N starts on its queues of a batch k/N of the way
-  through them (ordered by topic), so that two workers meeting new queues at the same time create
-  them in different topics' directories instead of waiting for each other on one.  The units of
-  the queues other workers own that it did not write it packs, per owner, into a `UnitsHandover`
-  (per queue its first slot and count, the units back to back).  For the key index
-  it computes the entries (hash of `topic#key`, commit-log offset, store time) and keeps them.  It
-  answers with, per queue of the batch (its own and the others'), the slots of the batch, how many
-  index entries it holds, where its walk ended (past the blank if one closes the segment), and the
-  handovers, pickled.
+  of slots in the batch is one copy of a unit array (the copies of all the queues by one compiled
+  loop, `_dispatch.write_runs`, where the extension is built: with 10,000 queues the Python loop
+  took 85 of the 193 ms a worker spent building the steady half's batches, the compiled one 40-45;
+  writing the units handed over went from 32-105 ms to 13-29 a worker).  Worker k of N starts on
+  its queues of a batch k/N of the way through them (ordered by topic), so that two workers
+  meeting new queues at the same time create them in different topics' directories instead of
+  waiting for each other on one.  The units of the queues other workers own that it did not write
+  it packs, per owner, into a `UnitsHandover` (per queue its first slot and count, the units back
+  to back).  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
+  store time) and keeps them.  It answers with, per queue of the batch (its own and the others'),
+  the slots of the batch, how many index entries it holds, where its walk ended (past the blank if
+  one closes the segment), and the handovers, pickled.
 - The coordinator forwards each handover, unopened, to its owner (`_hand_over`), who writes the
   units (before its next build, or between decoding a batch and writing it) and answers
   `UnitsWritten`.  A batch's answer is complete when its builder has answered and every owner it
@@ -39,20 +39,20 @@ the store's files through their own mappings:
 - Complete answers arrive in any order; the coordinator processes them strictly in batch order.
   When a batch becomes the head, the worker building it (or holding its entries) is asked to
   append its index entries to the newest index file (`IndexAppend`: a worker answers append
-  requests before its next build, and appends a batch it was asked for as it finishes building
-  it, so that the chain of appends keeps up with the builds), and nothing else is appended until
-  it answers: one append at a time, in log order, so the index
-  files are those the single thread writes, while the coordinator itself does no per-entry
-  work.  When a file fills, the coordinator creates the next (it alone creates index files) and
-  asks again.  Then a batch whose walk ended exactly at its cut is committed: each queue's run of
-  slots starts at that queue's commit frontier (`ConsumeQueue.commit_range`), so readers and
-  long-polling listeners (told only of frontier moves) never see a gap or a reordering; a queue
-  seen for the first time is started there (`ConsumeQueue.adopted` or `adopt_files`), its first
-  slot now known.  Then `dispatched_offset` advances: it is the end of the longest prefix of
-  completely built (units, handed-over units and index entries) batches, which is what the
-  checkpoint records and what recovery restarts from.  A walk that ended short (a damaged
-  record, data not readable yet, or a cut inside a record) stops there: later batches are
-  dropped uncommitted and cut again from there.
+  requests before its next build, and appends a batch it was asked for as it finishes building it,
+  so that the chain of appends keeps up with the builds), and nothing else is appended until it
+  answers: one append at a time, in log order, so the index files are those the single thread
+  writes, while the coordinator itself does no per-entry work.  When a file fills, the coordinator
+  creates the next (it alone creates index files) and asks again.  Then a batch whose walk ended
+  exactly at its cut is committed: each queue's run of slots starts at that queue's commit
+  frontier (`ConsumeQueue.commit_range`), so readers and long-polling listeners (told only of
+  frontier moves) never see a gap or a reordering; a queue seen for the first time is started
+  there (`ConsumeQueue.adopted` or `adopt_files`), its first slot now known.  Then
+  `dispatched_offset` advances: it is the end of the longest prefix of completely built (units,
+  handed-over units and index entries) batches, which is what the checkpoint records and what
+  recovery restarts from.  A walk that ended short (a damaged record, data not readable yet, or a
+  cut inside a record) stops there: later batches are dropped uncommitted and cut again from
+  there.
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, owning every queue, so an idle store starts no process and a trickle pays
