@@ -703,8 +703,8 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
             builder.forget_index_files()  # the coordinator may cut back and remake them
             return IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
 
-    def send(answer) -> None:
-        conn.send_reading(answer, received.append)
+    def send(answer, *more) -> None:
+        conn.send_reading(answer, received.append, *more)
 
     def write_handover(handover: UnitsHandover) -> None:
         nonlocal handover_marker
@@ -774,7 +774,7 @@ def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_fi
                 # the head: its entries go in now, while they are in the cache, and both answers
                 # go together (the coordinator can do nothing with the batch before the append)
                 appended = append(request) if result.index_held else IndexAppended(task.batch_id, 0, 0, 0, 0)
-                conn.send_reading(result, received.append, appended)
+                send(result, appended)
     except EOFError:
         return  # the coordinator is gone
     finally:
