@@ -4,11 +4,10 @@ whole instead of handing units over, and the compiled copying of queues' units i
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import random
-
-import mmap
 
 import numpy as np
 import pytest
@@ -32,7 +31,6 @@ from tidemq.store.batch_builder import (
 from tidemq.store.consume_queue import UNIT_DTYPE
 from tidemq.store.dispatch import ConsumeQueueStore
 from tidemq.store.parallel_dispatch import ParallelDispatcher
-from trees import same_tree
 from test_parallel_dispatch import build_log, sequential_build, two_workers_against_one_thread
 from trees import same_tree
 
