@@ -6,8 +6,9 @@ Prints figures and ratios from one run (the machine is shared with other enginee
 compare figures within a run, never across runs):
 
 1. Throughput (entries/s) building the ConsumeQueues and the key index from one commit log per
-   queue layout — 10 queues, 10,000 queues, one hot queue — with the single-thread `Dispatcher`
-   (reference), and `ParallelDispatcher` with 1 and N worker processes (started before timing).
+   queue layout — 10 queues, 10,000 queues, one hot queue — with `ParallelDispatcher` building on
+   the calling thread alone (0 workers, the store's `dispatch_workers = 0`), and with 1 and N
+   worker processes (started before timing).
    The logs are written once; every build starts from empty index directories.  For the
    10,000-queue layout it also times creating that many queue directories and files with one
    and with N plain processes: the kernel's share of the files part, and how far it scales.
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
 from tidemq.store.commit_log import CommitLog  # noqa: E402
-from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
+from tidemq.store.dispatch import ConsumeQueueStore  # noqa: E402
 from tidemq.store.key_index import KeyIndex  # noqa: E402
 from tidemq.store.parallel_dispatch import ParallelDispatcher  # noqa: E402
 
@@ -93,19 +94,16 @@ CPU_USED: dict[int, list[float]] = {}
 
 def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, float, int]:
     """Dispatch the log into empty indexes in two timed parts, [start, middle) — which creates
-    every queue's files — and [middle, end) — the steady state, files in place; workers 0 = the
-    single-thread Dispatcher.  Returns (seconds first part, seconds second part, entries).  `out`
+    every queue's files — and [middle, end) — the steady state, files in place; workers 0 = on
+    this thread alone.  Returns (seconds first part, seconds second part, entries).  `out`
     is left in place: see `throughput`."""
     shutil.rmtree(out, ignore_errors=True)
     queues = ConsumeQueueStore(out / "consumequeue", UNITS)
     index = KeyIndex(out / "index", INDEX_SLOTS, INDEX_ENTRIES)
-    if workers == 0:
-        dispatcher = Dispatcher(log, [queues, index], log.min_offset)
-    else:
-        dispatcher = ParallelDispatcher(log, queues, index, log.min_offset, workers)
-        dispatcher.wait_ready()  # interpreter start and imports stay out of the timing
-        dispatcher.inline_bytes = 0
-    pids = dispatcher.worker_pids() if workers else []
+    dispatcher = ParallelDispatcher(log, queues, index, log.min_offset, workers)
+    dispatcher.wait_ready()  # interpreter start and imports stay out of the timing
+    dispatcher.inline_bytes = 0
+    pids = dispatcher.worker_pids()
     os.sync()  # the kernel's writeback of the log and of earlier runs stays out of the timing
     cpu_before = sum(_cpu_seconds(p) for p in pids)
     own_before = time.process_time()
@@ -116,15 +114,14 @@ def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, 
     start = time.perf_counter()
     entries += dispatcher.dispatch_until(log.write_position)
     second = time.perf_counter() - start
-    if workers:
-        worker_cpu = sum(_cpu_seconds(p) for p in pids) - cpu_before
-        own_cpu = time.process_time() - own_before
-        used = CPU_USED.setdefault(workers, [0.0, 0.0, 0.0, 0.0])
-        used[0] += worker_cpu
-        used[1] += own_cpu
-        used[2] += max(0.0, _machine_busy_seconds() - machine_before - worker_cpu - own_cpu)
-        used[3] += first + second
-        dispatcher.close()
+    worker_cpu = sum(_cpu_seconds(p) for p in pids) - cpu_before
+    own_cpu = time.process_time() - own_before
+    used = CPU_USED.setdefault(workers, [0.0, 0.0, 0.0, 0.0])
+    used[0] += worker_cpu
+    used[1] += own_cpu
+    used[2] += max(0.0, _machine_busy_seconds() - machine_before - worker_cpu - own_cpu)
+    used[3] += first + second
+    dispatcher.close()
     queues.close()
     index.close()
     return first, second, entries
@@ -138,14 +135,14 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     }
     print("1. dispatch throughput (entries/s), key index on (UNIQ_KEY + 1 KEYS entry per record);")
     print(f"   each log holds 2 x {count:,} records: the first half creates the queue files, the second")
-    print("   half is the steady state.  '1 thread' is the sequential Dispatcher, for reference.  Dirty")
+    print("   half is the steady state.  'thread' builds on the dispatch thread alone (0 workers).  Dirty")
     print("   pages are written back (sync) before each build, outside the timing.")
     print(f"   Best of {rounds} interleaved rounds; 'N/1 workers' compares the best rates, 'paired' is the median")
     print("   over the rounds of N workers' rate against 1 worker's in the same round (one round's builds run")
     print("   back to back: a slow spell of the machine hits both sides of a pair).  'machine' is the median")
     print(f"   over the same rounds of what {workers} plain CPU-bound processes get done against one (measured")
     print("   after each round's builds): the most any parallel work could reach on this machine then.")
-    header = (f"   {'layout':<15}{'part':<8}{'1 thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
+    header = (f"   {'layout':<15}{'part':<8}{'thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
               f"{'paired':>9}{'machine':>9}")
     print(header)
     for name, (queue_of, many_files) in layouts.items():
@@ -229,8 +226,7 @@ def sustained(root: Path, seconds: float, workers: int, producers: int) -> None:
     stop = threading.Event()
     put_counts = [0] * producers
     with MessageStore(directory, cfg) as store:
-        if isinstance(store.dispatcher, ParallelDispatcher):
-            store.dispatcher.wait_ready()
+        store.dispatcher.wait_ready()
 
         def produce(n: int) -> None:
             i = 0

@@ -30,7 +30,7 @@ def python_only(patch: pytest.MonkeyPatch) -> None:
 
 def _append(directory: Path, batches, store_host, compiled: bool, segment_size: int, singly: bool = False, clock=None):
     clock = clock or iter(range(1_700_000_000_000, 1_800_000_000_000, 7)).__next__
-    config = StoreConfig(segment_size=segment_size, consume_queue_units=64, dispatch_workers=1, store_host=store_host, clock=clock)
+    config = StoreConfig(segment_size=segment_size, consume_queue_units=64, dispatch_workers=0, store_host=store_host, clock=clock)
     with pytest.MonkeyPatch.context() as patch:
         if not compiled:
             python_only(patch)
@@ -127,7 +127,7 @@ def _counting_single_puts(patch: pytest.MonkeyPatch) -> list:
 def test_common_single_puts_take_the_compiled_path(tmp_path, monkeypatch):
     taken = _counting_single_puts(monkeypatch)
     ticks = itertools.count(1_700_000_000_000)
-    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=1, clock=lambda: next(ticks))) as store:
+    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=0, clock=lambda: next(ticks))) as store:
         results = [store.put(Message(topic="c", body=b"%d" % i, queue_id=i % 2, tags="x")) for i in range(100)]
         assert taken[0] is False and all(taken[1:])  # the first one validates the topic and fills the caches
         assert [r.queue_offset for r in results] == [i // 2 for i in range(100)]
@@ -162,7 +162,7 @@ class TracedMessage(Message):
 )
 def test_unusual_single_puts_go_the_ordinary_way(tmp_path, monkeypatch, unusual):
     taken = _counting_single_puts(monkeypatch)
-    with MessageStore(tmp_path, StoreConfig(segment_size=16 << 20, dispatch_workers=1)) as store:
+    with MessageStore(tmp_path, StoreConfig(segment_size=16 << 20, dispatch_workers=0)) as store:
         store.put(Message(topic="c", body=b"first"))
         store.put(Message(topic="c", body=b"second"))
         before = store.commit_log.write_position
@@ -175,7 +175,7 @@ def test_unusual_single_puts_go_the_ordinary_way(tmp_path, monkeypatch, unusual)
 
 
 def test_a_put_on_a_closed_store_is_refused(tmp_path):
-    store = MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=1))
+    store = MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=0))
     store.put(Message(topic="c", body=b"first"))
     store.close()
     with pytest.raises(StoreClosedError):
@@ -187,7 +187,7 @@ def test_a_field_the_record_cannot_hold_stops_the_loop_after_the_records_before_
     # The encoder refuses such messages first; this is the loop's own guard, for callers that skip it.
     if not compiled:
         python_only(monkeypatch)
-    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=1)) as store:
+    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=0)) as store:
         good = Message(topic="t", body=b"good")
         bad = Message(topic="t", body=b"bad", flag=1 << 40)
         prepared = [store._encoder.prepare(good), store._encoder.prepare(Message(topic="t", body=b"bad"))]
@@ -210,7 +210,7 @@ def test_integer_like_fields_are_taken_as_integers(tmp_path, compiled, monkeypat
 
     if not compiled:
         python_only(monkeypatch)
-    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=1)) as store:
+    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 20, dispatch_workers=0)) as store:
         store.put(Message(topic="n", body=b"first"))  # the topic is known: the encoder's fast path
         fields = dict(flag=np.int32(7), reconsume_times=np.int64(2), born_timestamp=np.int64(1234), prepared_transaction_offset=np.uint8(9))
         results = store.put_batch([Message(topic="n", body=b"np", **fields), Message(topic="fresh", body=b"np", **fields)])

@@ -389,14 +389,13 @@ def test_put_batch_durable_callback_once_under_sync_flush(tmp_path):
         assert store.group_commit.flushed >= store.commit_log.write_position
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_close_on_a_disk_that_will_not_flush_still_stops_everything(tmp_path, workers):
     store = MessageStore(tmp_path, small(segment_size=1 << 20, dispatch_workers=workers))
     for i in range(50):
         store.put(Message(topic="t", body=b"%d" % i))
-    if workers > 1:
-        store.dispatcher.start_workers()
-    worker_processes = [w.process for w in getattr(store.dispatcher, "_workers", [])]
+    store.dispatcher.start_workers()
+    worker_processes = [w.process for w in store.dispatcher._workers]
 
     def failing_flush():
         raise OSError(5, "Input/output error")
@@ -435,7 +434,7 @@ MANY_QUEUES_CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_more_queues_than_open_files_allowed(tmp_path, workers):
     """Every mapped queue file holds an open file; a store with more queues than the open-file
     limit keeps only a budget of them mapped (workers too) and dispatches every one."""
@@ -456,7 +455,7 @@ def test_queue_file_mappings_past_the_budget_are_dropped_and_made_again(tmp_path
     saved = mappings.budget
     mappings.budget = len(mappings) + 8
     try:
-        with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=1)) as store:
+        with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=0)) as store:
             for round_ in range(3):
                 for q in range(40):
                     store.put(Message(topic="many", body=b"%d-%d" % (q, round_), queue_id=q, tags="r%d" % round_))
@@ -465,7 +464,7 @@ def test_queue_file_mappings_past_the_budget_are_dropped_and_made_again(tmp_path
             for q in range(40):
                 got = store.get("many", q, 0)
                 assert [m.body for m in got.messages] == [b"%d-%d" % (q, r) for r in range(3)]
-        with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=1)) as store:
+        with MessageStore(tmp_path, small(segment_size=1 << 20, consume_queue_units=64, dispatch_workers=0)) as store:
             assert all(store.max_offset("many", q) == 3 for q in range(40))
     finally:
         mappings.budget = saved

@@ -26,6 +26,7 @@ from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.batch_builder import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES, BatchBuilder, IndexAppend, UnitsHandover, _Channel, owner_of
 from tidemq.store.parallel_dispatch import ParallelDispatcher
+from tidemq.store.recovery import scan_log
 from trees import same_tree
 
 STORE_HOST = ("127.0.0.1", 10911)
@@ -650,6 +651,66 @@ def test_store_with_workers_serves_every_queue_in_order(tmp_path):
             assert frontier > last.get(key, 0)
             last[key] = frontier
     assert last == {("t", q): 1000 for q in range(5)}
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_store_dispatch_workers_setting(tmp_path, workers):
+    """0 builds every batch on the dispatch thread (no process); 1 starts one worker process for
+    a backlog past the inline size.  Both build what the sequential dispatcher builds."""
+    cfg = StoreConfig(segment_size=1 << 20, consume_queue_units=500, dispatch_workers=workers,
+                      index_hash_slots=512, index_max_entries=4000)
+    with MessageStore(tmp_path / "store", cfg) as store:
+        store.put_batch([Message(topic="t", body=b"x" * 200, queue_id=i % 7, keys=[f"k{i}"]) for i in range(2000)])
+        assert store.wait_dispatched(60)
+        dispatcher = store.dispatcher
+        assert len(dispatcher.worker_pids()) == workers
+        assert (dispatcher.worker_batches > 0) == (workers > 0)
+        assert dispatcher.inline_batches + dispatcher.worker_batches + dispatcher.trickles > 0
+        assert [m.queue_offset for m in store.get("t", 3, 0, 1000).messages] == list(range(286))
+        assert len(store.query_message("t", "k1999")) == 1
+    log = CommitLog(tmp_path / "store" / "commitlog", 1 << 20)
+    log.write_position = scan_log(log, 0).end
+    queues, index = ConsumeQueueStore(tmp_path / "ref" / "consumequeue", 500), KeyIndex(tmp_path / "ref" / "index", 512, 4000)
+    Dispatcher(log, [queues, index], 0).dispatch_until(log.write_position)
+    for sink in (queues, index, log):
+        sink.close()
+    assert same_tree(tmp_path / "ref" / "consumequeue", tmp_path / "store" / "consumequeue") == []
+    assert same_tree(tmp_path / "ref" / "index", tmp_path / "store" / "index") == []
+
+
+def test_dispatch_thread_alone_writes_known_queues_through_their_own_mappings(tmp_path, monkeypatch):
+    """With no workers, every batch is built on the dispatch thread; a queue the store already
+    has is written through its ConsumeQueue's mapping, so even with more queues than the
+    builder's own budget of mappings no file is mapped again batch after batch."""
+    from tidemq.store import batch_builder
+
+    keys = [(f"t{i % 5}", i // 5 % 12) for i in range(3000)]  # 60 queues, 50 entries each
+    log, _ = build_log(tmp_path, keys, segment_size=1 << 20)
+    middle = log.write_position // 2
+    cqs = ConsumeQueueStore(tmp_path / "cq", 400)
+    index = KeyIndex(tmp_path / "index", 64, 4000)
+    dispatcher = ParallelDispatcher(log, cqs, index, 0, 0, batch_bytes=16 * 1024)
+    builder = dispatcher._inline_builder()
+    builder.max_queue_files = 16
+    first = dispatcher.dispatch_until(middle)
+    assert dispatcher.worker_pids() == [] and dispatcher.worker_batches == 0 and dispatcher.inline_batches > 1
+    mapped = []
+    real = batch_builder.map_queue_file
+    monkeypatch.setattr(batch_builder, "map_queue_file", lambda path, *args, **kw: mapped.append(path) or real(path, *args, **kw))
+    assert first + dispatcher.dispatch_until(log.write_position) == len(keys)
+    assert mapped == []  # every queue (one file each) was known after the first half
+    assert all(cqs.get(*key).commit_frontier == 50 for key in set(keys))
+    dispatcher.close()
+    cqs.close()
+    index.close()
+    sequential_build(log, tmp_path / "ref", 400, 64, 4000)
+    assert same_tree(tmp_path / "ref" / "consumequeue", tmp_path / "cq") == []
+    assert same_tree(tmp_path / "ref" / "index", tmp_path / "index") == []
+
+
+def test_store_refuses_a_negative_dispatch_workers_setting():
+    with pytest.raises(ValueError, match="dispatch_workers must be 0"):
+        StoreConfig(dispatch_workers=-1)
 
 
 # ---------------------------------------------------------------------------------------------

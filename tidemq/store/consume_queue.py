@@ -339,6 +339,16 @@ class ConsumeQueue:
             self._add_file(files[-1].start + self.units_per_file, lazy)
         return files[-1]
 
+    def mapping_of(self, file_start: int) -> mmap.mmap | None:
+        """The mapping of this queue's file starting at slot `file_start` (mapped now if it is
+        not), or None if the queue has no such file yet."""
+        files = self._files
+        if files:
+            index = (file_start - files[0].start) // self.units_per_file
+            if 0 <= index < len(files) and files[index].start == file_start:
+                return files[index].mm
+        return None
+
     def _add_file(self, start: int, lazy: bool = False) -> _QueueFile:
         # map_queue_file makes the queue's directory when the file's open finds it missing
         qf = _QueueFile(f"{self._directory}/{file_name(start * UNIT_SIZE)}", start, self.file_size, create=True, lazy=lazy)

@@ -65,7 +65,7 @@ class StoreConfig:
     retention_hours: float = 72.0  # fileReservedTime
     maintenance_interval_ms: int = 1000  # checkpoint, consume-queue flush, retention
     repair: bool = False
-    # processes building the indexes in parallel (RIP-52); 1: the dispatch thread alone
+    # processes building the indexes in parallel (RIP-52); 0: the dispatch thread alone
     dispatch_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     message_index_enable: bool = True  # messageIndexEnable: the key index (UNIQ_KEY and KEYS)
     index_hash_slots: int = DEFAULT_HASH_SLOTS  # maxHashSlotNum
@@ -75,6 +75,8 @@ class StoreConfig:
     def __post_init__(self) -> None:
         if self.flush not in (FLUSH_ASYNC, FLUSH_SYNC):
             raise ValueError(f"flush must be {FLUSH_ASYNC!r} or {FLUSH_SYNC!r}, not {self.flush!r}")
+        if self.dispatch_workers < 0:
+            raise ValueError(f"dispatch_workers must be 0 (the dispatch thread alone) or more, not {self.dispatch_workers}")
 
 
 @dataclass
@@ -191,11 +193,12 @@ class MessageStore:
         self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues] + ([self.key_index] if self.key_index else []), 0)
         self.recovery = self._recover(abnormal)
         self._put_state = self._common_put_state()
-        if cfg.dispatch_workers > 1:  # recovery ran sequentially; from here on, worker processes
-            parallel = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, self.dispatcher.dispatched_offset, cfg.dispatch_workers)
-            parallel.stats = self.dispatcher.stats
-            parallel.limit_source = lambda: self.confirmed_offset
-            self.dispatcher = parallel
+        # recovery ran sequentially; from here on, batches built by worker processes (or by the
+        # dispatch thread alone) with the compiled builder
+        parallel = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, self.dispatcher.dispatched_offset, cfg.dispatch_workers)
+        parallel.stats = self.dispatcher.stats
+        parallel.limit_source = lambda: self.confirmed_offset
+        self.dispatcher = parallel
         self.abort_path.write_text(str(os.getpid()))
         self._dispatch_event = threading.Event()
         self._stopping = False
@@ -700,8 +703,7 @@ class MessageStore:
             attempt(self.save_checkpoint)
         if not errors and self.dispatcher.dispatched_offset >= self.commit_log.write_position:
             self.abort_path.unlink(missing_ok=True)
-        if isinstance(self.dispatcher, ParallelDispatcher):
-            attempt(self.dispatcher.close)
+        attempt(self.dispatcher.close)
         if self.key_index is not None:
             attempt(self.key_index.close)
         attempt(self.consume_queues.close)
