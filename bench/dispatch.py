@@ -329,12 +329,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dir", default=None)
+    parser.add_argument("--dir", default=None, help="where to make the run's scratch directory (removed at the end)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-sustained", action="store_true")
     args = parser.parse_args()
-    root = Path(args.dir or tempfile.mkdtemp(prefix="tidemq-bench-dispatch-"))
-    root.mkdir(parents=True, exist_ok=True)
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
+    # a directory of its own, even inside --dir: only it is removed at the end
+    root = Path(tempfile.mkdtemp(prefix="tidemq-bench-dispatch-", dir=args.dir))
     print(f"tidemq dispatch benchmark: {os.cpu_count()} cores, figures from this run only (shared machine)")
     try:
         if not args.skip_throughput:
