@@ -342,12 +342,11 @@ class ConsumeQueue:
     def mapping_of(self, file_start: int) -> mmap.mmap | None:
         """The mapping of this queue's file starting at slot `file_start` (mapped now if it is
         not), or None if the queue has no such file yet."""
-        files = self._files
-        if files:
-            index = (file_start - files[0].start) // self.units_per_file
-            if 0 <= index < len(files) and files[index].start == file_start:
-                return files[index].mm
-        return None
+        with self._lock:  # retention drops the oldest files on another thread
+            files = self._files
+            index = (file_start - files[0].start) // self.units_per_file if files else -1
+            queue_file = files[index] if 0 <= index < len(files) and files[index].start == file_start else None
+        return queue_file.mm if queue_file is not None else None
 
     def _add_file(self, start: int, lazy: bool = False) -> _QueueFile:
         # map_queue_file makes the queue's directory when the file's open finds it missing
