@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidemq.store import Message, MessageStore, StoreConfig, record
+from tidemq.store import Message, MessageStore, StoreConfig, batch_builder, record
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
@@ -670,10 +670,8 @@ def test_store_dispatch_workers_setting(tmp_path, workers):
         assert len(store.query_message("t", "k1999")) == 1
     log = CommitLog(tmp_path / "store" / "commitlog", 1 << 20)
     log.write_position = scan_log(log, 0).end
-    queues, index = ConsumeQueueStore(tmp_path / "ref" / "consumequeue", 500), KeyIndex(tmp_path / "ref" / "index", 512, 4000)
-    Dispatcher(log, [queues, index], 0).dispatch_until(log.write_position)
-    for sink in (queues, index, log):
-        sink.close()
+    sequential_build(log, tmp_path / "ref", 500, 512, 4000)
+    log.close()
     assert same_tree(tmp_path / "ref" / "consumequeue", tmp_path / "store" / "consumequeue") == []
     assert same_tree(tmp_path / "ref" / "index", tmp_path / "store" / "index") == []
 
@@ -682,8 +680,6 @@ def test_dispatch_thread_alone_writes_known_queues_through_their_own_mappings(tm
     """With no workers, every batch is built on the dispatch thread; a queue the store already
     has is written through its ConsumeQueue's mapping, so even with more queues than the
     builder's own budget of mappings no file is mapped again batch after batch."""
-    from tidemq.store import batch_builder
-
     keys = [(f"t{i % 5}", i // 5 % 12) for i in range(3000)]  # 60 queues, 50 entries each
     log, _ = build_log(tmp_path, keys, segment_size=1 << 20)
     middle = log.write_position // 2

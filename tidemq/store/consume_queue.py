@@ -343,9 +343,7 @@ class ConsumeQueue:
         """The mapping of this queue's file starting at slot `file_start` (mapped now if it is
         not), or None if the queue has no such file yet."""
         with self._lock:  # retention drops the oldest files on another thread
-            files = self._files
-            index = (file_start - files[0].start) // self.units_per_file if files else -1
-            queue_file = files[index] if 0 <= index < len(files) and files[index].start == file_start else None
+            queue_file = self._file_for(file_start, create=False)
         return queue_file.mm if queue_file is not None else None
 
     def _add_file(self, start: int, lazy: bool = False) -> _QueueFile:

@@ -466,25 +466,24 @@ class ParallelDispatcher:
         return task
 
     def _fill(self, limit: int) -> None:
-        lanes = max(self.worker_count, 1)
-        # on this thread alone, one batch at a time: each is committed (and its listeners told)
-        # as soon as it is built
-        max_outstanding = 1 if self._inline_only else OUTSTANDING_PER_WORKER * lanes
-        max_unbuilt = UNBUILT_PER_WORKER * lanes
+        inline = self._inline_only
+        # on this thread alone, one whole batch at a time (no worker to keep busy, fewer files to
+        # look up): each is committed, and its listeners told, as soon as it is built
+        max_outstanding = 1 if inline else OUTSTANDING_PER_WORKER * self.worker_count
+        max_unbuilt = UNBUILT_PER_WORKER * max(self.worker_count, 1)
         while (len(self._tasks) < max_outstanding and self._cut_offset < limit
                and sum(len(worker.tasks) for worker in self._workers) < max_unbuilt):
             backlog = limit - self._cut_offset
             # several batches per worker, so that one slow batch does not idle the others
-            size = min(self.batch_bytes, max(self.inline_bytes, MIN_BATCH_BYTES, backlog // (BATCHES_PER_WORKER * lanes)))
-            if self._inline_only:  # one batch at a time: no worker to keep busy, fewer mappings
-                size = self.batch_bytes
+            size = self.batch_bytes if inline else min(
+                self.batch_bytes, max(self.inline_bytes, MIN_BATCH_BYTES, backlog // (BATCHES_PER_WORKER * self.worker_count)))
             task = self._cut(limit, size)
             if task is None:
                 break
             self._tasks[task.batch_id] = task
             if task.end == task.begin:
                 self._done[task.batch_id] = self._empty_result(task)
-            elif self._inline_only or (backlog <= self.inline_bytes and len(self._tasks) == 1):
+            elif inline or (backlog <= self.inline_bytes and len(self._tasks) == 1):
                 self._done[task.batch_id] = self._build_inline(task)
             else:
                 self._submit(task)
