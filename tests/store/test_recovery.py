@@ -125,6 +125,22 @@ def test_deleted_consume_queues_are_rebuilt_byte_for_byte(tmp_path):
     assert snapshot_queues(tmp_path) == before
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_deleted_queue_met_past_its_first_slot_is_rebuilt_from_the_whole_log(tmp_path, workers):
+    """The queue of the newest record lost its files: the other queues cover the log up to that
+    record, so the redispatch starts there, at the queue's slot 19.  Recovery must not start the
+    queue at 19; it rebuilds it from the start of the log."""
+    results = fill(tmp_path)
+    before = snapshot_queues(tmp_path)
+    shutil.rmtree(tmp_path / "consumequeue" / "t" / "2")
+    with MessageStore(tmp_path, StoreConfig(**CFG, dispatch_workers=workers)) as store:
+        assert store.recovery.redispatched_from == results[-1].commit_log_offset
+        assert any("rebuilding" in m for m in store.recovery.messages)
+        assert store.min_offset("t", 2) == 0
+        assert bodies(store)[2] == [b"body-%04d" % i * 20 for i in range(2, 60, 3)]
+    assert snapshot_queues(tmp_path) == before
+
+
 def test_stale_abort_marker(tmp_path):
     fill(tmp_path)
     before = snapshot_queues(tmp_path)

@@ -186,9 +186,6 @@ class ConsumeQueueStore:
         self.queues: dict[QueueKey, ConsumeQueue] = {}
         self.frontiers = FrontierTable()  # every queue's commit frontier, one row each
         self.logics_msg_timestamp = 0
-        # set during recovery: an empty queue whose first re-dispatched slot is not 0
-        self.late_start: set[QueueKey] = set()
-        self.allow_late_start = True
         for topic_dir in sorted(self.root.iterdir()):
             if not topic_dir.is_dir():
                 continue
@@ -228,9 +225,6 @@ class ConsumeQueueStore:
             if cq is None:
                 cq = self.get_or_create(req.topic, req.queue_id)
             if cq.is_empty:
-                if req.queue_offset and not self.allow_late_start:
-                    self.late_start.add(key)
-                    continue
                 cq.initialize_at(req.queue_offset)
             if cq.put(req.queue_offset, req.commit_log_offset, req.size, req.tags_code):
                 changes[key] = cq.commit_frontier
@@ -262,16 +256,6 @@ class ConsumeQueueStore:
             if cq is None:
                 cq = self.get_or_create(*key)
             if cq.is_empty:
-                if not self.allow_late_start:
-                    # recovery: an empty queue whose first slot here is not 0 is a hole
-                    first = start
-                    while first < stop and slot_list[first]:
-                        first += 1
-                    if first > start:
-                        self.late_start.add(key)
-                    start = first
-                    if start == stop:
-                        continue
                 cq.initialize_at(slot_list[start])
             if stop - start >= bulk:
                 moved = cq.put_run(slots[start:stop], units[start:stop])
@@ -290,7 +274,7 @@ class ConsumeQueueStore:
         return max((cq.max_physical_offset for cq in self.queues.values()), default=0)
 
     def has_holes(self) -> bool:
-        return bool(self.late_start) or any(cq._pending for cq in self.queues.values())
+        return any(cq._pending for cq in self.queues.values())
 
     def truncate(self, commit_log_end: int) -> None:
         for key, cq in list(self.queues.items()):

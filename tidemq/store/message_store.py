@@ -9,7 +9,8 @@ Threads and ownership:
 - callers of `put` (any number): encode outside the lock (`MessageEncoder`), except the common single put, which
   encodes and writes in one compiled call under it (`_append_one`); `_append_lock` guards the queue-offset
   table, the commit log's write position and segment rolls — one writer at a time;
-- the dispatch thread: the only caller of `Dispatcher.dispatch_until` once the store is open;
+- the dispatch thread: the only caller of the `ParallelDispatcher`'s `dispatch_until` once the store is
+  open (recovery calls it before that thread starts);
 - the flush thread (group commit under sync flush, periodic under async) and the maintenance
   thread (checkpoint, consume-queue flush, retention).
 """
@@ -29,7 +30,7 @@ from . import record
 from .checkpoint import Checkpoint
 from .commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
 from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
-from .dispatch import ArrivalListener, ConsumeQueueStore, Dispatcher
+from .dispatch import ArrivalListener, ConsumeQueueStore
 from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
 from .key_index import KeyIndex
 from .lag import milliseconds_behind, sink_lags
@@ -155,6 +156,8 @@ class MessageStore:
         try:
             self._open()
         except BaseException:
+            if getattr(self, "dispatcher", None) is not None:
+                self.dispatcher.close()  # its worker processes, if recovery started them
             os.close(self._lock_fd)
             raise
         self._closed = False
@@ -190,15 +193,10 @@ class MessageStore:
         self.key_index = (
             KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
         )
-        self.dispatcher = Dispatcher(self.commit_log, [self.consume_queues] + ([self.key_index] if self.key_index else []), 0)
+        self.dispatcher: ParallelDispatcher | None = None
         self.recovery = self._recover(abnormal)
         self._put_state = self._common_put_state()
-        # recovery ran sequentially; from here on, batches built by worker processes (or by the
-        # dispatch thread alone) with the compiled builder
-        parallel = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, self.dispatcher.dispatched_offset, cfg.dispatch_workers)
-        parallel.stats = self.dispatcher.stats
-        parallel.limit_source = lambda: self.confirmed_offset
-        self.dispatcher = parallel
+        self.dispatcher.limit_source = lambda: self.confirmed_offset
         self.abort_path.write_text(str(os.getpid()))
         self._dispatch_event = threading.Event()
         self._stopping = False
@@ -256,24 +254,38 @@ class MessageStore:
             redispatch_from = min(redispatch_from, self.key_index.covered_offset())
         redispatch_from = min(max(redispatch_from, commit_log.min_offset), scan.end)
         report.redispatched_from = redispatch_from
-        self.dispatcher.dispatched_offset = redispatch_from
-        queues.allow_late_start = redispatch_from <= commit_log.min_offset
+        # the store's dispatcher (worker processes, or the dispatch thread alone) redispatches
+        # what the indexes lack, and goes on from there once the store is open
+        known = set(queues.queues)  # every loaded queue has a file
+        self._start_dispatcher(redispatch_from)
         self.dispatcher.dispatch_until(scan.end, notify=False)
+        # a queue with no file that the redispatch started past slot 0 lost its files: its
+        # earlier entries are in the log below where the redispatch began
+        late = [] if redispatch_from <= commit_log.min_offset else [
+            key for key, cq in queues.queues.items() if key not in known and cq.min_offset > 0]
         behind = [key for key, end in scan.queue_ends.items() if (queues.get(*key) or _NO_QUEUE).commit_frontier < end]
-        if queues.has_holes() or behind:
+        if late or queues.has_holes() or behind:
             msg = "consume queues have missing entries (deleted or damaged files); rebuilding them from the whole log"
             log.warning("recovery: %s", msg)
             report.messages.append(msg)
-            queues.late_start.clear()
-            queues.allow_late_start = True
-            self.dispatcher.dispatched_offset = commit_log.min_offset
+            # the workers map the files of the queues started late: they stop before those go
+            self.dispatcher.close()
+            for key in late:
+                queues.queues.pop(key).destroy()
+            self._start_dispatcher(commit_log.min_offset)
             self.dispatcher.dispatch_until(scan.end, notify=False)
-        queues.allow_late_start = True
         for key, cq in queues.queues.items():
             self._queue_offsets[key] = cq.commit_frontier
         if scan.records:
             self._last_written = (scan.end, scan.last_store_timestamp)
         return report
+
+    def _start_dispatcher(self, offset: int) -> None:
+        """A dispatcher starting at `offset` (recovery's statistics carried over to a second one)."""
+        previous = self.dispatcher
+        self.dispatcher = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers)
+        if previous is not None:
+            self.dispatcher.stats = previous.stats
 
     # -- writing --------------------------------------------------------------------------------
 
