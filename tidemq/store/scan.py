@@ -187,14 +187,14 @@ def _empty(buf, base_offset: int, end: int) -> RecordColumns:
                          (i64, i64), (i64, i64))
 
 
-def _view(buf, dtype: str, start: int, stop: int) -> np.ndarray:
+def field_view(buf, dtype: str, start: int, stop: int) -> np.ndarray:
     """Values of `dtype` starting at every byte position in [start, stop - itemsize] of `buf`
-    (overlapping, stride 1): `_view(...)[p - start]` reads the field at p."""
+    (overlapping, stride 1): `field_view(...)[p - start]` reads the field at p."""
     size = np.dtype(dtype).itemsize
     return np.ndarray(shape=(max(stop - start - size + 1, 0),), dtype=dtype, buffer=buf, offset=start, strides=(1,))
 
 
-def _at(view: np.ndarray, positions: np.ndarray, start: int) -> np.ndarray:
+def field_at(view: np.ndarray, positions: np.ndarray, start: int) -> np.ndarray:
     """`view`'s values at buffer positions (clipped into the view: rows that read outside are
     invalid anyway and masked by the caller), as int64."""
     return view[np.clip(positions - start, 0, len(view) - 1)].astype(np.int64)
@@ -236,22 +236,22 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     pos = np.array(positions, dtype=np.int64)
     # views from the first record on: every field lies below `stop`
     lo = positions[0]
-    i8, i4, i2, u1 = (_view(buf, t, lo, stop) for t in (">i8", ">i4", ">i2", "u1"))
+    i8, i4, i2, u1 = (field_view(buf, t, lo, stop) for t in (">i8", ">i4", ">i2", "u1"))
     try:
-        sizes = _at(i4, pos, lo)
-        magic = _at(i4, pos + 4, lo)
-        sysflags = _at(i4, pos + 36, lo)
+        sizes = field_at(i4, pos, lo)
+        magic = field_at(i4, pos + 4, lo)
+        sysflags = field_at(i4, pos + 36, lo)
         ends = pos + sizes
         born_v6 = (sysflags & 0x10) != 0
         store_v6 = (sysflags & 0x20) != 0
         header_size = HEADER_SIZE_V4 + 12 * born_v6 + 12 * store_v6
-        body_lengths = _at(i4, pos + header_size - 4, lo)
+        body_lengths = field_at(i4, pos + header_size - 4, lo)
         v2 = magic == MESSAGE_MAGIC_CODE_V2
         topic_length_at = pos + header_size + body_lengths
-        topic_lengths = np.where(v2, _at(i2, topic_length_at, lo), _at(u1, topic_length_at, lo))
+        topic_lengths = np.where(v2, field_at(i2, topic_length_at, lo), field_at(u1, topic_length_at, lo))
         topic_at = topic_length_at + 1 + v2
         properties_at = topic_at + topic_lengths + 2
-        properties_lengths = _at(i2, properties_at - 2, lo)
+        properties_lengths = field_at(i2, properties_at - 2, lo)
         ok = (
             ((magic == MESSAGE_MAGIC_CODE) | v2)
             & (body_lengths >= 0)
@@ -260,7 +260,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
             & (properties_at <= ends)
             & (properties_lengths >= 0)
             & (properties_at + properties_lengths == ends)
-            & (_at(i8, pos + 28, lo) == pos + base_offset)
+            & (field_at(i8, pos + 28, lo) == pos + base_offset)
         )
         count = len(positions) if ok.all() else int(np.argmin(ok))
         pos = pos[:count]
