@@ -1,3 +1,5 @@
+import asyncio
+
 import pytest
 
 from .server import ServerProcess
@@ -9,3 +11,15 @@ def server(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("broker") / "store").start()
     yield s
     assert s.stop() == 0, s.log_text()
+
+
+@pytest.fixture(autouse=True)
+def main_thread_event_loop_as_in_a_fresh_process():
+    """The official SDK sometimes makes a gRPC call object on the calling thread, which asks
+    asyncio for that thread's event loop.  In a fresh process the main thread gets one made on
+    demand; after an `asyncio.run` in an earlier test (tests/broker) it has none and may not
+    make one, and the SDK's telemetry stream fails to start ("There is no current event loop in
+    thread 'MainThread'"; about 1 suite run in 8).  Each end-to-end test starts as a fresh
+    process would."""
+    asyncio.set_event_loop_policy(None)
+    yield
