@@ -13,7 +13,9 @@ too, and ratios compare best with best:
   waits); `--rounds` interleaved runs of each, the best compared (fsync latency here swings by
   several times from one second to the next);
 - dispatch rate (ConsumeQueue entries/s) re-building the indexes of the log just written, with one
-  dispatcher thread and with the store's default worker processes.
+  dispatcher thread and with the store's default worker processes;
+- reopening that store with its ConsumeQueues and key index deleted (recovery validates the whole
+  log and rebuilds both), with the dispatch thread alone and with the default workers.
 
 Targets (issue: embedded store): 1 KiB appends >= 50% of plain-write bandwidth; 128 B appends >=
 150,000 msg/s; dispatch >= 3x the append rate of the same messages; 64 sync putters >= 20x one.
@@ -110,6 +112,17 @@ def bench_dispatch(directory: Path, end: int, workers: int = 0) -> tuple[float, 
     return elapsed, entries
 
 
+def bench_recovery(directory: Path, workers: int) -> float:
+    """Seconds to open the store in `directory` with its ConsumeQueues and key index deleted:
+    recovery validates the whole log (layout and body CRCs) and rebuilds both, with `workers`
+    dispatch processes (0: the dispatch thread alone)."""
+    for index_dir in ("consumequeue", "index"):
+        shutil.rmtree(directory / index_dir, ignore_errors=True)
+    start = time.perf_counter()
+    with MessageStore(directory, StoreConfig(segment_size=SEGMENT, dispatch_workers=workers)):
+        return time.perf_counter() - start
+
+
 def bench_sync(root: Path, putters: int, per_putter: int) -> tuple[float, int, int]:
     directory = root / f"sync-{putters}"
     with MessageStore(directory, StoreConfig(segment_size=SEGMENT, flush="sync")) as store:
@@ -194,7 +207,8 @@ def main() -> None:
     try:
         results = {}
         for body_size in (1024,) if args.append_only else (128, 1024):
-            runs: dict[str, list] = {"put": [], "batch": [], "plain": [], "dispatch": [], "parallel": []}
+            runs: dict[str, list] = {"put": [], "batch": [], "plain": [], "dispatch": [], "parallel": [], "recovery 0": [],
+                                     f"recovery {WORKERS}": []}
             for _ in range(args.rounds):  # interleaved, so a noisy spell hits every kind alike
                 for batch in (1, 32):
                     shutil.rmtree(root / f"append-{body_size}-{batch}", ignore_errors=True)
@@ -208,6 +222,8 @@ def main() -> None:
                 runs["dispatch"].append((entries / d_elapsed,))
                 d_elapsed, entries = bench_dispatch(root / f"append-{body_size}-1", written, WORKERS)
                 runs["parallel"].append((entries / d_elapsed,))
+                for workers in (0, WORKERS):
+                    runs[f"recovery {workers}"].append((args.messages / bench_recovery(root / f"append-{body_size}-1", workers),))
             put, batch, plain, dispatch, parallel = (_best(runs[k]) for k in ("put", "batch", "plain", "dispatch", "parallel"))
             results[body_size] = (put[0], put[1], batch[0], batch[1], plain[1], dispatch[0], parallel[0])
             for label, figures in (("put:         ", runs["put"]), ("put_batch 32:", runs["batch"])):
@@ -224,6 +240,9 @@ def main() -> None:
                     f"dispatch of that log, {label}: {best[0]:>10,.0f} entries/s ({best[0] / put[0]:.2f}x the put rate;"
                     f" median {_median(figures):,.0f})"
                 )
+            recovered = [(workers, _best(runs[f"recovery {workers}"])[0], _median(runs[f"recovery {workers}"])) for workers in (0, WORKERS)]
+            print("reopen with the indexes deleted (validate the log, rebuild queues and key index): "
+                  + "; ".join(f"{w} workers {best:,.0f} msg/s (median {median:,.0f})" for w, best, median in recovered))
         if args.append_only:
             print(_bandwidth_target(results[1024]))
             return
