@@ -22,4 +22,3 @@ def main_thread_event_loop_as_in_a_fresh_process():
     thread 'MainThread'"; about 1 suite run in 8).  Each end-to-end test starts as a fresh
     process would."""
     asyncio.set_event_loop_policy(None)
-    yield

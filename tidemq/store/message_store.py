@@ -281,11 +281,9 @@ class MessageStore:
         return report
 
     def _start_dispatcher(self, offset: int) -> None:
-        """A dispatcher starting at `offset` (recovery's statistics carried over to a second one)."""
-        previous = self.dispatcher
+        """The store's dispatcher, starting at `offset` (a rebuild's replaces the first: its
+        statistics are those of the records it dispatches again)."""
         self.dispatcher = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers)
-        if previous is not None:
-            self.dispatcher.stats = previous.stats
 
     # -- writing --------------------------------------------------------------------------------
 

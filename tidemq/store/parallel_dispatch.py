@@ -81,10 +81,10 @@ close), and takes in every answer a pipe holds with one read (`batch_builder._Ch
 messages are pickled as their fields, arrays as bytes.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
-(which redispatches with this dispatcher too) restarts at or below the oldest unfinished batch even when
-later batches are written: the queues' furthest entry, `ConsumeQueueStore.covered_offset`, is only
-trusted after a clean shutdown, when every batch is finished.  Units written past a queue's first
-unwritten slot are zeroed when the queue is loaded, so they are never taken for entries.
+(which redispatches with this dispatcher too) restarts at or below the oldest unfinished batch even
+when later batches are written: the queues' furthest entry, `ConsumeQueueStore.covered_offset`, is
+only trusted after a clean shutdown, when every batch is finished.  Units written past a queue's
+first unwritten slot are zeroed when the queue is loaded, so they are never taken for entries.
 
 Ownership: one coordinator thread calls `dispatch_until`; each worker writes the slots of the
 queues it owns, of other queues whose files are made, and of every queue of a batch naming few
