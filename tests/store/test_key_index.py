@@ -153,6 +153,32 @@ def test_entries_of_records_already_indexed_are_skipped_whether_arrays_or_lists(
     assert built["arrays"] == built["lists"]
 
 
+def test_files_filled_between_two_flushes_are_flushed_by_the_second_not_by_the_append(tmp_path, monkeypatch):
+    """Appending does not flush the file it fills (that stalled dispatch); the next `flush`
+    flushes every file filled since the last one, however many, before the checkpoint may claim
+    their entries."""
+    flushed: list[str] = []
+    flush = IndexFile.flush
+
+    def recorded(self):
+        flushed.append(self.path.name)
+        flush(self)
+
+    monkeypatch.setattr(IndexFile, "flush", recorded)
+    index = KeyIndex(tmp_path, hash_slots=8, max_entries=5)  # 4 entries a file
+    count = 13
+    stamps = [BASE_TS + 1000 * i for i in range(count)]
+    index.append_entries(np.arange(count) * 7, np.arange(count) * 100, np.array(stamps), count * 100)
+    names = [f.path.name for f in index.files]
+    assert [f.entry_count for f in index.files] == [4, 4, 4, 1]
+    assert flushed == []
+    assert index.flush() == stamps[-1]
+    assert sorted(flushed) == sorted(names)
+    flushed.clear()
+    index.flush()
+    assert flushed == names[-2:]  # nothing filled since: the two newest, as always
+    index.close()
+
 @settings(max_examples=60, deadline=None)
 @given(
     records=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 3)), min_size=2, max_size=60),

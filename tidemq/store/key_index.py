@@ -57,6 +57,7 @@ class KeyIndex:
         self.read_only = read_only
         self._lock = threading.Lock()
         self.files: list[IndexFile] = []
+        self._filled: list[IndexFile] = []  # files filled since the last flush (see `_new_file`)
         self.indexed_until = 0  # every record below this commit-log offset has been handed over
         self.last_store_timestamp = 0
         for path in index_paths(self.directory):
@@ -201,15 +202,18 @@ class KeyIndex:
         return self._new_file(first_timestamp)
 
     def _new_file(self, first_timestamp: int) -> IndexFile:
+        """Begin a new newest file.  The one it follows is full; `flush` makes it durable, off
+        the dispatch thread (flushing it here stalled dispatch: 50 ms for an 84 MB file, and
+        RocketMQ's files are 420 MB; RocketMQ flushes it on a thread of its own too)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        if self.files:
-            self.files[-1].flush()
         stamp = max(first_timestamp, 0)
         names = {f.path.name for f in self.files}
         while file_name(stamp) in names or (self.directory / file_name(stamp)).exists():
             stamp += 1  # two files starting in the same millisecond
         created = IndexFile(self.directory / file_name(stamp), self.hash_slots, self.max_entries, create=True)
         with self._lock:
+            if self.files:
+                self._filled.append(self.files[-1])
             self.files.append(created)
         return created
 
@@ -233,10 +237,13 @@ class KeyIndex:
         """Make every entry durable; returns the store time they cover (the checkpoint's index
         timestamp), read before flushing so that it never claims more than reached the disk."""
         with self._lock:
-            files = list(self.files[-2:])
+            files = [f for f in self._filled if f in self.files]  # those filled since the last flush
+            files += [f for f in self.files[-2:] if f not in files]
         covered = files[-1].end_timestamp if files else 0
         for f in files:
             f.flush()
+        with self._lock:
+            self._filled = [f for f in self._filled if f not in files]
         return covered
 
     def close(self) -> None:
