@@ -324,7 +324,11 @@ def machine_parallelism(n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--messages", type=int, default=500_000)
+    # records per half of each log: 2,000,000 makes each timed part 0.2-0.4 s (500,000 made it
+    # 50-100 ms, where a stray millisecond of the shared machine moved a ratio by several
+    # percent), and each half fills one index file (INDEX_ENTRIES), as a store does every 2
+    # million messages, so that the figures include its rollover
+    parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--producers", type=int, default=2)
