@@ -1,6 +1,6 @@
 """Dispatch benchmark: parallel, order-preserving dispatch (RIP-52) with the key index on.
 
-    .venv/bin/python bench/dispatch.py [--messages N] [--workers N] [--seconds S] [--dir DIR]
+    .venv/bin/python bench/dispatch.py [--messages N] [--workers N] [--seconds S] [--dir DIR] [--cold-memory]
 
 Prints figures and ratios from one run (the machine is shared with other engineers' tests, so
 compare figures within a run, never across runs):
@@ -9,9 +9,11 @@ compare figures within a run, never across runs):
    queue layout — 10 queues, 10,000 queues, one hot queue — with `ParallelDispatcher` building on
    the calling thread alone (0 workers, the store's `dispatch_workers = 0`), and with 1 and N
    worker processes (started before timing).
-   The logs are written once; every build starts from empty index directories.  For the
-   10,000-queue layout it also times creating that many queue directories and files with one
-   and with N plain processes: the kernel's share of the files part, and how far it scales.
+   The logs are written once; every build starts from empty index directories, and is preceded
+   by touching and freeing WARM_BYTES of memory (see `warm_memory`; `--cold-memory` skips it).
+   For the 10,000-queue layout it also times creating that many queue directories and files
+   with one and with N plain processes: the kernel's share of the files part, and how far it
+   scales.
 2. A sustained run: producer threads append as fast as they can (`put_batch` of 32, 128-byte
    bodies, 64 queues, a KEYS entry each) to a MessageStore with N dispatch workers; the dispatch
    lag (bytes and ms, per sink) is sampled every 100 ms and printed, with its largest value since
@@ -24,6 +26,7 @@ load the lag stays bounded (the second half of the run is not worse than the fir
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import shutil
 import statistics
@@ -33,6 +36,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -47,6 +52,10 @@ UNITS = 20_000  # 400 KB consume-queue files: 10,000 queues stay light on mappin
 INDEX_SLOTS = 1_000_000
 INDEX_ENTRIES = 4_000_000
 SAMPLE_SECONDS = 0.1  # the sustained run's lag samples: one every 5 s caught a 100-160 ms peak by chance
+# Memory touched and freed before each timed build (`warm_memory`): more than a build's new
+# queue-file, index-file and heap pages (about 300 MB for 2 x 2,000,000 records)
+WARM_BYTES = 1 << 30
+WARM_MEMORY = True  # --cold-memory: False
 
 
 def write_log(directory: Path, count: int, queue_of) -> CommitLog:
@@ -79,6 +88,19 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def warm_memory(size: int) -> None:
+    """Touch `size` bytes of fresh memory and free them, so that the pages a build then takes
+    for its files are pages the machine has just used.  This machine is a virtual machine that
+    hands free memory back to its host after a few seconds (free page reporting): the guest's
+    first write to such a page faults in the host, and two processes doing it at once were
+    slower together than one alone (`memory_parallelism`), which made 2 workers' builds up to
+    twice as slow from one run to the next.  A long-running store reuses the memory of its page
+    cache and does not meet this."""
+    area = mmap.mmap(-1, size)
+    np.frombuffer(area, np.uint8)[:: mmap.PAGESIZE] = 1
+    area.close()
+
+
 def _machine_busy_seconds() -> float:
     """CPU seconds every process on the machine has used (Linux /proc/stat), 0 where unavailable."""
     try:
@@ -105,6 +127,8 @@ def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, 
     dispatcher.inline_bytes = 0
     pids = dispatcher.worker_pids()
     os.sync()  # the kernel's writeback of the log and of earlier runs stays out of the timing
+    if WARM_MEMORY:
+        warm_memory(WARM_BYTES)
     cpu_before = sum(_cpu_seconds(p) for p in pids)
     own_before = time.process_time()
     machine_before = _machine_busy_seconds()
@@ -322,6 +346,19 @@ def machine_parallelism(n: int) -> float:
     return n * min(run(1), run(1)) / min(run(n), run(n))  # the better of two each: a stray spell spoils one
 
 
+def memory_parallelism(n: int, size: int = 512 << 20, settle: float = 5.0) -> tuple[float, float]:
+    """(seconds for one process to first-touch `size` bytes of fresh memory, what n processes
+    doing it at once get done against one), after `settle` seconds idle each, in which the memory
+    freed before goes back to the host (see `warm_memory`)."""
+    code = ("import mmap, sys\n"
+            "area = mmap.mmap(-1, int(sys.argv[1]))\n"
+            "for i in range(0, len(area), mmap.PAGESIZE): area[i] = 1\n")
+    time.sleep(settle)
+    one = _run_together([[code, str(size)]])
+    time.sleep(settle)
+    return one, n * one / _run_together([[code, str(size)]] * n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     # records per half of each log: 2,000,000 makes each timed part 0.2-0.4 s (500,000 made it
@@ -336,7 +373,10 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to make the run's scratch directory (removed at the end)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-sustained", action="store_true")
+    parser.add_argument("--cold-memory", action="store_true", help="do not warm memory before each build (see warm_memory)")
     args = parser.parse_args()
+    global WARM_MEMORY
+    WARM_MEMORY = not args.cold_memory
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     # a directory of its own, even inside --dir: only it is removed at the end
@@ -346,6 +386,11 @@ def main() -> None:
         if not args.skip_throughput:
             before = machine_parallelism(args.workers)
             print(f"   cores available to {args.workers} busy processes right now: {before:.2f} (ideal {args.workers})")
+            touch, scaling = memory_parallelism(args.workers)
+            print(f"   first writes to memory the machine has not used for 5 s: 512 MiB take one process {touch:.2f} s; "
+                  f"{args.workers} processes at once get {scaling:.2f}x that done")
+            print(f"   (so each build is preceded by warming {WARM_BYTES >> 20} MiB of memory"
+                  f"{', skipped: --cold-memory' if args.cold_memory else ''}; see warm_memory)")
             throughput(root, args.messages, args.workers, args.rounds)
             after = machine_parallelism(args.workers)
             print(f"   cores available to {args.workers} busy processes after the runs: {after:.2f}")
