@@ -92,9 +92,10 @@ def warm_memory(size: int) -> None:
     """Touch `size` bytes of fresh memory and free them, so that the pages a build then takes
     for its files are pages the machine has just used.  This machine is a virtual machine that
     hands free memory back to its host after a few seconds (free page reporting): the guest's
-    first write to such a page faults in the host, and two processes doing it at once were
-    slower together than one alone (`memory_parallelism`), which made 2 workers' builds up to
-    twice as slow from one run to the next.  A long-running store reuses the memory of its page
+    first write to such a page faults in the host, and two processes doing it at once were, in
+    some runs, slower together than one alone (`memory_parallelism`: 0.53-1.09x in three runs,
+    1.36-1.75x on memory just freed), which made 2 workers' builds up to twice as slow from one
+    run to the next.  A long-running store reuses the memory of its page
     cache and does not meet this."""
     area = mmap.mmap(-1, size)
     np.frombuffer(area, np.uint8)[:: mmap.PAGESIZE] = 1
@@ -346,7 +347,7 @@ def machine_parallelism(n: int) -> float:
     return n * min(run(1), run(1)) / min(run(n), run(n))  # the better of two each: a stray spell spoils one
 
 
-def memory_parallelism(n: int, size: int = 512 << 20, settle: float = 5.0) -> tuple[float, float]:
+def memory_parallelism(n: int, size: int = 1 << 30, settle: float = 6.0) -> tuple[float, float]:
     """(seconds for one process to first-touch `size` bytes of fresh memory, what n processes
     doing it at once get done against one), after `settle` seconds idle each, in which the memory
     freed before goes back to the host (see `warm_memory`)."""
@@ -387,7 +388,7 @@ def main() -> None:
             before = machine_parallelism(args.workers)
             print(f"   cores available to {args.workers} busy processes right now: {before:.2f} (ideal {args.workers})")
             touch, scaling = memory_parallelism(args.workers)
-            print(f"   first writes to memory the machine has not used for 5 s: 512 MiB take one process {touch:.2f} s; "
+            print(f"   first writes to memory the machine has not used for 6 s: 1 GiB takes one process {touch:.2f} s; "
                   f"{args.workers} processes at once get {scaling:.2f}x that done")
             print(f"   (so each build is preceded by warming {WARM_BYTES >> 20} MiB of memory"
                   f"{', skipped: --cold-memory' if args.cold_memory else ''}; see warm_memory)")
