@@ -24,7 +24,7 @@ import numpy as np
 from . import record
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog, Segment
-from .scan import HEADER_SIZE_V4, RecordColumns, field_at, field_view, scan
+from .scan import RecordColumns, field_at, field_view, header_sizes, scan
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,7 @@ def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogSc
 def _crc_prefix(buf, columns: RecordColumns) -> int:
     """How many of the scanned records, from the first, have bodies matching their BODYCRC."""
     positions = columns.positions
-    sysflags = columns.sysflags
-    body_at = positions + (HEADER_SIZE_V4 + 12 * ((sysflags & record.FLAG_BORNHOST_V6) != 0) + 12 * ((sysflags & record.FLAG_STOREHOST_V6) != 0))
+    body_at = positions + header_sizes(columns.sysflags)
     i4 = field_view(buf, ">i4", 0, len(buf))
     try:
         lengths = field_at(i4, body_at - 4, 0)

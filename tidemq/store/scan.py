@@ -194,6 +194,12 @@ def field_view(buf, dtype: str, start: int, stop: int) -> np.ndarray:
     return np.ndarray(shape=(max(stop - start - size + 1, 0),), dtype=dtype, buffer=buf, offset=start, strides=(1,))
 
 
+def header_sizes(sysflags: np.ndarray) -> np.ndarray:
+    """Each record's bytes from TOTALSIZE through BODYLEN (its body starts there), from its
+    SYSFLAG: an IPv6 born or store host adds 12 to the IPv4 header."""
+    return HEADER_SIZE_V4 + 12 * ((sysflags & 0x10) != 0) + 12 * ((sysflags & 0x20) != 0)
+
+
 def field_at(view: np.ndarray, positions: np.ndarray, start: int) -> np.ndarray:
     """`view`'s values at buffer positions (clipped into the view: rows that read outside are
     invalid anyway and masked by the caller), as int64."""
@@ -243,8 +249,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         sysflags = field_at(i4, pos + 36, lo)
         ends = pos + sizes
         born_v6 = (sysflags & 0x10) != 0
-        store_v6 = (sysflags & 0x20) != 0
-        header_size = HEADER_SIZE_V4 + 12 * born_v6 + 12 * store_v6
+        header_size = header_sizes(sysflags)
         body_lengths = field_at(i4, pos + header_size - 4, lo)
         v2 = magic == MESSAGE_MAGIC_CODE_V2
         topic_length_at = pos + header_size + body_lengths
