@@ -179,6 +179,7 @@ def test_files_filled_between_two_flushes_are_flushed_by_the_second_not_by_the_a
     assert flushed == names[-2:]  # nothing filled since: the two newest, as always
     index.close()
 
+
 @settings(max_examples=60, deadline=None)
 @given(
     records=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(1, 3)), min_size=2, max_size=60),

@@ -153,10 +153,11 @@ class MessageStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._closed = True
         self._lock_fd = self._take_lock()
+        self.dispatcher: ParallelDispatcher | None = None  # recovery starts it (`_start_dispatcher`)
         try:
             self._open()
         except BaseException:
-            if getattr(self, "dispatcher", None) is not None:
+            if self.dispatcher is not None:
                 self.dispatcher.close()  # its worker processes, if recovery started them
             os.close(self._lock_fd)
             raise
@@ -193,7 +194,6 @@ class MessageStore:
         self.key_index = (
             KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
         )
-        self.dispatcher: ParallelDispatcher | None = None
         self.recovery = self._recover(abnormal)
         self._put_state = self._common_put_state()
         self.dispatcher.limit_source = lambda: self.confirmed_offset
