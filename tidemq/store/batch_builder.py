@@ -59,7 +59,7 @@ import numpy as np
 
 from . import open_files, record
 from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
-from .dispatch import QueueKey, group_by_queue
+from .dispatch import QueueKey, group_by_queue, queue_rows
 from .index_file import HEADER, IndexFile
 from .scan import scan
 
@@ -426,8 +426,7 @@ class BatchBuilder:
         not), the slots of the batch, and the units handed over to each other owner."""
         if len(columns) <= SMALL_BATCH:
             return self._write_units_small(columns, batch_id)
-        kinds = columns.sysflags & record.TRANSACTION_TYPE_MASK
-        rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
+        rows = queue_rows(columns)
         if not len(rows):
             return QueueRuns.empty(), []
         rows, bounds, slots, units = group_by_queue(columns, rows)

@@ -113,11 +113,6 @@ class DispatchBatch:
             self._requests = [from_columns(self.columns, i) for i in range(len(self.columns))]
         return self._requests
 
-    def builds_queue_entry(self) -> np.ndarray:
-        """Per record: does it get a ConsumeQueue entry (PREPARED and ROLLBACK do not)?"""
-        kinds = self.columns.sysflags & record.TRANSACTION_TYPE_MASK
-        return (kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT)
-
 
 def dispatch_to(sink, batch: DispatchBatch, changes: dict[QueueKey, int]) -> None:
     """Hand `batch` to `sink` in columnar form if it takes that, else as requests."""
@@ -128,11 +123,27 @@ def dispatch_to(sink, batch: DispatchBatch, changes: dict[QueueKey, int]) -> Non
         sink.dispatch(batch.requests, changes)
 
 
+def builds_queue_entry(sysflags: np.ndarray) -> np.ndarray:
+    """Per SYSFLAG: does its record get a ConsumeQueue entry (PREPARED and ROLLBACK do not)?"""
+    kinds = sysflags & record.TRANSACTION_TYPE_MASK
+    return (kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT)
+
+
+def queue_rows(columns: RecordColumns, count: int | None = None) -> np.ndarray:
+    """The rows (of the first `count`, or all) whose records get a ConsumeQueue entry."""
+    return np.flatnonzero(builds_queue_entry(columns.sysflags[:count]))
+
+
+def queue_codes(columns: RecordColumns, rows: np.ndarray) -> np.ndarray:
+    """Each row's queue as one int64: topic id, then queue id as unsigned (within this scan)."""
+    return (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
+
+
 def group_by_queue(columns: RecordColumns, rows: np.ndarray) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray]:
-    """`rows` of a columnar batch grouped by queue (topic id, then queue id as unsigned; log
-    order within a queue): the rows in that order, where each group after the first starts,
-    each row's slot (queue offset) and its ConsumeQueue unit (UNIT_DTYPE)."""
-    queue_keys = (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
+    """`rows` of a columnar batch grouped by queue (`queue_codes` order; log order within a
+    queue): the rows in that order, where each group after the first starts, each row's slot
+    (queue offset) and its ConsumeQueue unit (UNIT_DTYPE)."""
+    queue_keys = queue_codes(columns, rows)
     order = np.argsort(queue_keys, kind="stable")
     rows = rows[order]
     sorted_keys = queue_keys[order]
@@ -238,8 +249,7 @@ class ConsumeQueueStore:
         copy of a big-endian unit array when their slots are contiguous), in log order within
         the queue."""
         columns = batch.columns
-        entry = batch.builds_queue_entry()
-        rows = np.flatnonzero(entry)
+        rows = queue_rows(columns)
         if not len(rows):
             return
         rows, bounds, slots, units = group_by_queue(columns, rows)

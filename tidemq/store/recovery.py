@@ -24,6 +24,7 @@ import numpy as np
 from . import record
 from .checkpoint import Checkpoint
 from .commit_log import CommitLog, Segment
+from .dispatch import queue_codes, queue_rows
 from .scan import RecordColumns, field_at, field_view, header_sizes, scan
 
 log = logging.getLogger(__name__)
@@ -124,12 +125,10 @@ def _take(found: LogScan, columns: RecordColumns, count: int) -> None:
     (one past the queue offset of its last queue-building record)."""
     found.records += count
     found.last_store_timestamp = int(columns.store_timestamps[count - 1])
-    kinds = columns.sysflags[:count] & record.TRANSACTION_TYPE_MASK
-    rows = np.flatnonzero((kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT))
+    rows = queue_rows(columns, count)
     if not len(rows):
         return
-    codes = (columns.topic_ids[rows].astype(np.int64) << 32) | columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF
-    codes, last = np.unique(codes[::-1], return_index=True)  # each queue's last row
+    _, last = np.unique(queue_codes(columns, rows)[::-1], return_index=True)  # each queue's last row
     last_rows = rows[len(rows) - 1 - last]
     names = columns.topic_names
     ends = columns.queue_offsets[last_rows] + 1
