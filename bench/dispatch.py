@@ -95,8 +95,8 @@ def warm_memory(size: int) -> None:
     first write to such a page faults in the host, and two processes doing it at once were, in
     some runs, slower together than one alone (`memory_parallelism`: 0.53-1.09x in three runs,
     1.36-1.75x on memory just freed), which made 2 workers' builds up to twice as slow from one
-    run to the next.  A long-running store reuses the memory of its page
-    cache and does not meet this."""
+    run to the next.  A long-running store reuses the memory of its page cache and does not
+    meet this."""
     area = mmap.mmap(-1, size)
     np.frombuffer(area, np.uint8)[:: mmap.PAGESIZE] = 1
     area.close()
