@@ -305,13 +305,20 @@ def sustained(root: Path, seconds: float, workers: int, producers: int) -> None:
 def file_system_parallelism(directory: Path, n: int) -> tuple[float, float]:
     """What creating the 10,000-queue layout's queue directories and files (the work the files
     part adds, all in the kernel) gets from n processes: (seconds for one process to create them,
-    seconds for n processes each creating those of its share of the topics).  Nothing is deleted
-    here: `throughput` deletes `directory` with the builds' files."""
+    seconds for n processes each creating those of its share of the topics).  Process k of n takes
+    the k-th run of consecutive topics, as worker k of n starts k/n of the way through its queues
+    ordered by topic (`BatchBuilder._rotated`).  Taking alternate topics instead, the two made
+    queues in neighbouring topics at the same time, whose directories often share an ext4 block
+    group (and so one inode bitmap), which a build's workers seldom do.  Either way creation by two
+    processes scales unevenly here: run back to back on their own, 0.95-1.46x with alternate topics
+    and 1.44-1.55x with runs of topics (the interpreters' start in the timing); after a full run's
+    builds, 0.54-1.43x and 0.75x.  Nothing is deleted here: `throughput` deletes `directory` with
+    the builds' files."""
     code = (
         "import os, sys\n"
         "root, share, shares, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])\n"
         "for i in range(10_000):\n"
-        "    if (i % 10) % shares == share:\n"
+        "    if (i % 10) * shares // 10 == share:\n"
         "        queue = f'{root}/bench{i % 10}/{(i // 10) % 1000}'\n"
         "        os.makedirs(queue)\n"
         "        fd = os.open(queue + '/00000000000000000000', os.O_RDWR | os.O_CREAT, 0o644)\n"
