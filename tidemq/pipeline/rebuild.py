@@ -197,7 +197,7 @@ class QueueUnitsReader(CommitLogReader):
 
 def queue_units(part, settings) -> Iterator[pa.RecordBatch]:
     groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
-    indexed = (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
+    indexed = record.QUEUE_ENTRY_KINDS
     mask, tags_code, tags = record.TRANSACTION_TYPE_MASK, record.tags_code, record.PROPERTY_TAGS
     for batch in record_batches(part, settings):
         for r in batch:

@@ -536,8 +536,7 @@ class BatchBuilder:
             columns.sysflags.tolist(), columns.topic_ids.tolist(), columns.queue_ids.tolist(), columns.queue_offsets.tolist(),
             zip(columns.offsets.tolist(), columns.sizes.tolist(), columns.tags_codes.tolist()),
         ):
-            kind = sysflag & record.TRANSACTION_TYPE_MASK
-            if kind == record.TRANSACTION_NOT or kind == record.TRANSACTION_COMMIT:
+            if sysflag & record.TRANSACTION_TYPE_MASK in record.QUEUE_ENTRY_KINDS:
                 # ordered as _write_units orders its groups: by topic id, then queue id as unsigned
                 _, _, slots, units = groups.setdefault((topic_id << 32) | (queue_id & 0xFFFFFFFF), (topic_id, queue_id, [], []))
                 slots.append(slot)

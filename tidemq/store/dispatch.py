@@ -81,7 +81,7 @@ class DispatchRequest:
     @property
     def builds_queue_entry(self) -> bool:
         """PREPARED and ROLLBACK transaction records get no queue entry."""
-        return self.sysflag & record.TRANSACTION_TYPE_MASK in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
+        return self.sysflag & record.TRANSACTION_TYPE_MASK in record.QUEUE_ENTRY_KINDS
 
     @property
     def keys(self) -> list[str]:
@@ -125,8 +125,7 @@ def dispatch_to(sink, batch: DispatchBatch, changes: dict[QueueKey, int]) -> Non
 
 def builds_queue_entry(sysflags: np.ndarray) -> np.ndarray:
     """Per SYSFLAG: does its record get a ConsumeQueue entry (PREPARED and ROLLBACK do not)?"""
-    kinds = sysflags & record.TRANSACTION_TYPE_MASK
-    return (kinds == record.TRANSACTION_NOT) | (kinds == record.TRANSACTION_COMMIT)
+    return np.isin(sysflags & record.TRANSACTION_TYPE_MASK, record.QUEUE_ENTRY_KINDS)
 
 
 def queue_rows(columns: RecordColumns, count: int | None = None) -> np.ndarray:

@@ -86,7 +86,7 @@ def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogSc
             found.end = offset
             found.records += 1
             found.last_store_timestamp = result.store_timestamp
-            if result.sysflag & record.TRANSACTION_TYPE_MASK in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT):
+            if result.transaction_type in record.QUEUE_ENTRY_KINDS:
                 found.queue_ends[(result.topic, result.queue_id)] = result.queue_offset + 1
         elif type(result) is record.EndOfSegment:
             offset = segment.end

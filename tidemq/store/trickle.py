@@ -33,8 +33,6 @@ from .scan import decode_one, index_keys_of, properties_in, text_of, walk
 MAX_RECORDS = 32  # more is a batch (measured: a trickle costs less per round up to about this size)
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
 
-_ENTRY_KINDS = (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT)
-
 
 def dispatch_trickle(
     buf,
@@ -68,7 +66,7 @@ def dispatch_trickle(
         offset = base_offset + pos
         kind = sysflag & record.TRANSACTION_TYPE_MASK
         properties = properties_in(buf, properties_at, record_end)
-        if kind in _ENTRY_KINDS:
+        if kind in record.QUEUE_ENTRY_KINDS:
             key = (topic, queue_id)
             cq = queue_at(key, queue_offset)
             if cq.put(queue_offset, offset, size, record.tags_code(text_of(properties, TAGS))):
