@@ -3,15 +3,17 @@
 import logging
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemq.cli import main as cli_main
 from tidemq.store import CorruptStoreError, Message, MessageStore, StoreConfig, record
-from tidemq.store import recovery
+from tidemq.store import _dispatch, recovery
 from tidemq.store.check import check
 from tidemq.store.commit_log import CommitLog
 from test_scan import encode, messages
@@ -251,3 +253,62 @@ def test_validating_by_columns_finds_what_decoding_one_by_one_does(items, flips,
         log.close()
     assert (found.end, found.records, found.last_store_timestamp, found.queue_ends) == (end, records, last_timestamp, queue_ends)
     assert (found.invalid.offset, found.invalid.reason) == (invalid.offset, invalid.reason) if invalid else found.invalid is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(max_size=3000),
+    spans=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000), st.booleans()), max_size=30),
+    long_bytes=st.sampled_from([0, 1, 64, recovery.LONG_BODY_BYTES, 1 << 30]),
+    long_crc=st.sampled_from([zlib.crc32, record.crc32, None]),
+)
+def test_the_compiled_body_crc_check_agrees_with_zlib(data, spans, long_bytes, long_crc):
+    """`_dispatch.crc_prefix` stops at the first body whose CRC-32 (the table loop's or, from
+    `long_bytes` on, `long_crc`'s) masked to 31 bits differs from the stored one: bodies of any
+    length at any alignment, empty ones included."""
+    body_at, lengths, crcs, expected = [], [], [], None
+    for i, (at, length, damaged) in enumerate(spans):
+        at %= len(data) + 1
+        length %= len(data) - at + 1
+        crc = zlib.crc32(data[at : at + length]) & 0x7FFFFFFF
+        if damaged:
+            crc ^= 1 << (i % 31)
+            expected = i if expected is None else expected
+        body_at.append(at)
+        lengths.append(length)
+        crcs.append(crc)
+    columns = [np.array(values, dtype=np.int64) for values in (body_at, lengths, crcs)]
+    got = _dispatch.crc_prefix(data, *columns, long_crc, long_bytes)
+    assert got == (len(spans) if expected is None else expected)
+
+
+def test_a_body_outside_the_buffer_is_named():
+    column = np.array([90], dtype=np.int64)
+    with pytest.raises(ValueError, match="record 0's body \\(20 bytes at 90\\) lies outside the 100-byte buffer"):
+        _dispatch.crc_prefix(bytes(100), column, np.array([20], dtype=np.int64), column, None, 128)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_a_damaged_body_of_any_size_ends_the_valid_records(tmp_path, monkeypatch, compiled):
+    """Bodies on both sides of LONG_BODY_BYTES, one byte of one body flipped: the compiled check
+    and the Python loop both stop the log just before that record."""
+    if not compiled:
+        monkeypatch.setattr(recovery, "_compiled_crc_prefix", None)
+    sizes = [0, 1, 127, 128, 129, 700, 3000, 5, 2048, 64]
+    body = [bytes(range(256)) * (size // 256) + b"x" * (size % 256) for size in sizes]
+    with MessageStore(tmp_path, StoreConfig(segment_size=1 << 16)) as store:
+        offsets = [store.put(Message(topic="t", body=b)).commit_log_offset for b in body]
+    damaged = sizes.index(700)
+    path = tmp_path / "commitlog" / f"{0:020d}"
+    data = bytearray(path.read_bytes())
+    data[data.index(body[damaged], offsets[damaged]) + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    log = CommitLog(tmp_path / "commitlog", 1 << 16)
+    try:
+        found = recovery.scan_log(log, 0)
+        assert (found.records, found.end) == (damaged, offsets[damaged])
+        assert found.invalid is not None and found.invalid.offset == offsets[damaged]
+        assert "crc" in found.invalid.reason.lower()
+        assert recovery.scan_log(log, offsets[damaged + 1]).records == len(sizes) - damaged - 1  # the rest are sound
+    finally:
+        log.close()
