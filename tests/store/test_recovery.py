@@ -259,13 +259,11 @@ def test_validating_by_columns_finds_what_decoding_one_by_one_does(items, flips,
 @given(
     data=st.binary(max_size=3000),
     spans=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000), st.booleans()), max_size=30),
-    long_bytes=st.sampled_from([0, 1, 64, recovery.LONG_BODY_BYTES, 1 << 30]),
-    long_crc=st.sampled_from([zlib.crc32, record.crc32, None]),
+    crc32=st.sampled_from([zlib.crc32, record.crc32]),
 )
-def test_the_compiled_body_crc_check_agrees_with_zlib(data, spans, long_bytes, long_crc):
-    """`_dispatch.crc_prefix` stops at the first body whose CRC-32 (the table loop's or, from
-    `long_bytes` on, `long_crc`'s) masked to 31 bits differs from the stored one: bodies of any
-    length at any alignment, empty ones included."""
+def test_the_compiled_body_crc_check_agrees_with_zlib(data, spans, crc32):
+    """`_dispatch.crc_prefix` stops at the first body whose CRC-32 masked to 31 bits differs from
+    the stored one: bodies of any length at any alignment, empty ones included."""
     body_at, lengths, crcs, expected = [], [], [], None
     for i, (at, length, damaged) in enumerate(spans):
         at %= len(data) + 1
@@ -278,20 +276,20 @@ def test_the_compiled_body_crc_check_agrees_with_zlib(data, spans, long_bytes, l
         lengths.append(length)
         crcs.append(crc)
     columns = [np.array(values, dtype=np.int64) for values in (body_at, lengths, crcs)]
-    got = _dispatch.crc_prefix(data, *columns, long_crc, long_bytes)
+    got = _dispatch.crc_prefix(data, *columns, crc32)
     assert got == (len(spans) if expected is None else expected)
 
 
 def test_a_body_outside_the_buffer_is_named():
     column = np.array([90], dtype=np.int64)
     with pytest.raises(ValueError, match="record 0's body \\(20 bytes at 90\\) lies outside the 100-byte buffer"):
-        _dispatch.crc_prefix(bytes(100), column, np.array([20], dtype=np.int64), column, None, 128)
+        _dispatch.crc_prefix(bytes(100), column, np.array([20], dtype=np.int64), column, zlib.crc32)
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 def test_a_damaged_body_of_any_size_ends_the_valid_records(tmp_path, monkeypatch, compiled):
-    """Bodies on both sides of LONG_BODY_BYTES, one byte of one body flipped: the compiled check
-    and the Python loop both stop the log just before that record."""
+    """Bodies from empty to 3,000 bytes, one byte of one body flipped: the compiled check and the
+    Python loop both stop the log just before that record."""
     if not compiled:
         monkeypatch.setattr(recovery, "_compiled_crc_prefix", None)
     sizes = [0, 1, 127, 128, 129, 700, 3000, 5, 2048, 64]

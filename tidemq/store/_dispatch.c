@@ -655,47 +655,16 @@ done:
     return result;
 }
 
-/* CRC-32 (ISO-HDLC: zlib's crc32, the BODYCRC of spec §2), eight bytes a step through eight
-   tables ("slicing by 8"): about 0.5 ns a byte here.  zlib-ng's crc32, called from here, costs
-   about 75 ns a body plus a few hundredths of a ns a byte, so `crc_prefix` gives it the bodies of
-   about 128 bytes or more; a Python loop calling it spent about 270 ns a record.  Bytes are read
-   one at a time: any alignment and byte order work. */
-static uint32_t crc_tables[8][256];
-
-static void crc_tables_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
-        crc_tables[0][i] = c;
-    }
-    for (int t = 1; t < 8; t++)
-        for (int i = 0; i < 256; i++) crc_tables[t][i] = (crc_tables[t - 1][i] >> 8) ^ crc_tables[0][crc_tables[t - 1][i] & 0xFF];
-}
-
-static uint32_t crc32_of(const unsigned char *p, size_t n) {
-    const uint32_t (*t)[256] = crc_tables;
-    uint32_t c = 0xFFFFFFFFu;
-    for (; n >= 8; p += 8, n -= 8) {
-        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
-        c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24]
-            ^ t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
-    }
-    while (n--) c = t[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
-
-/* crc_prefix(buf, body_at, lengths, crcs, long_crc, long_bytes) -> int: how many records, from
-   the first, have bodies matching their BODYCRC: record i's body is buf[body_at[i] : body_at[i] +
-   lengths[i]] and its stored BODYCRC crcs[i] (int64 columns), matching when crc32(body) &
-   0x7FFFFFFF equals it.  Bodies of long_bytes or more are passed (as a memoryview) to
-   `long_crc`, a crc32 function of Python's (None: every body is checked here).  A body outside
-   buf is a ValueError. */
+/* crc_prefix(buf, body_at, lengths, crcs, crc32) -> int: how many records, from the first, have
+   bodies matching their BODYCRC: record i's body is buf[body_at[i] : body_at[i] + lengths[i]] and
+   its stored BODYCRC crcs[i] (int64 columns), matching when crc32(body) & 0x7FFFFFFF equals it;
+   `crc32` is a Python crc32 function (zlib-ng's: `record.crc32`), given each body as a memoryview.
+   Called from here it cost about 75 ns a 100-byte body; a Python loop calling it, about 270 ns.
+   A body outside buf is a ValueError. */
 static PyObject *crc_prefix(PyObject *self, PyObject *args) {
     Py_buffer bv, av, lv, cv;
-    PyObject *long_crc;
-    Py_ssize_t long_bytes;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*On", &bv, &av, &lv, &cv, &long_crc, &long_bytes)) return NULL;
+    PyObject *crc32;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*O", &bv, &av, &lv, &cv, &crc32)) return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = av.len / 8;
     if (column(&av, 8, n, "body_at") < 0 || column(&lv, 8, n, "lengths") < 0 || column(&cv, 8, n, "crcs") < 0) goto done;
@@ -709,18 +678,13 @@ static PyObject *crc_prefix(PyObject *self, PyObject *args) {
                          (long long)length, (long long)start, bv.len);
             goto done;
         }
-        uint32_t crc;
-        if (long_crc != Py_None && length >= long_bytes) {
-            PyObject *body = PyMemoryView_FromMemory((char *)buf + start, (Py_ssize_t)length, PyBUF_READ);
-            PyObject *value = body ? PyObject_CallOneArg(long_crc, body) : NULL;
-            Py_XDECREF(body);
-            if (value == NULL) goto done;
-            crc = (uint32_t)PyLong_AsUnsignedLongMask(value);
-            Py_DECREF(value);
-            if (PyErr_Occurred()) goto done;
-        } else {
-            crc = crc32_of(buf + start, (size_t)length);
-        }
+        PyObject *body = PyMemoryView_FromMemory((char *)buf + start, (Py_ssize_t)length, PyBUF_READ);
+        PyObject *value = body ? PyObject_CallOneArg(crc32, body) : NULL;
+        Py_XDECREF(body);
+        if (value == NULL) goto done;
+        uint32_t crc = (uint32_t)PyLong_AsUnsignedLongMask(value);
+        Py_DECREF(value);
+        if (PyErr_Occurred()) goto done;
         if ((int64_t)(crc & 0x7FFFFFFFu) != crcs[i]) break;
     }
     result = PyLong_FromSsize_t(i);
@@ -777,7 +741,4 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tidemq.store._dispatch", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__dispatch(void) {
-    crc_tables_init();
-    return PyModule_Create(&module);
-}
+PyMODINIT_FUNC PyInit__dispatch(void) { return PyModule_Create(&module); }

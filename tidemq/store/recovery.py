@@ -28,7 +28,7 @@ from .scan import RecordColumns, field_at, field_view, header_sizes, scan
 
 try:
     from ._dispatch import crc_prefix as _compiled_crc_prefix
-except ImportError:  # the extension is optional: without it, a Python loop calls crc32 per body
+except ImportError:  # the extension is optional: without it, the loop over the bodies is Python's
     _compiled_crc_prefix = None
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,6 @@ class RecoveryReport:
 
 # bytes of the log validated per columnar scan (its columns for about 250,000 small records)
 SCAN_CHUNK_BYTES = 64 << 20
-# bodies of this many bytes or more have their CRC computed by `record.crc32` (zlib-ng's), shorter
-# ones by the extension's table-driven loop (`_dispatch.crc_prefix`): each the faster there (both
-# about 75 ns at 128 bytes)
-LONG_BODY_BYTES = 128
 
 
 def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogScan:
@@ -122,7 +118,7 @@ def _crc_prefix(buf, columns: RecordColumns) -> int:
     finally:
         del i4  # release the buffer export: the caller may close the mapping
     if _compiled_crc_prefix is not None:
-        return _compiled_crc_prefix(buf, body_at.astype(np.int64, copy=False), lengths, crcs, record.crc32, LONG_BODY_BYTES)
+        return _compiled_crc_prefix(buf, body_at, lengths, crcs, record.crc32)
     with memoryview(buf) as whole:
         for i, (at, length, crc) in enumerate(zip(body_at.tolist(), lengths.tolist(), crcs.tolist())):
             if record.crc32(whole[at : at + length]) & 0x7FFFFFFF != crc:
