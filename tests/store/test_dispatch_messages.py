@@ -15,18 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemq.store import batch_builder
-from tidemq.store.batch_builder import (
-    DIRECT_QUEUES,
-    BatchBuilder,
+from tidemq.store.batch_builder import DIRECT_QUEUES, BatchBuilder, owner_of
+from tidemq.store.dispatch_messages import (
     BatchResult,
     BatchTask,
+    Channel,
     IndexAppend,
     IndexAppended,
     QueueRuns,
     UnitsHandover,
     UnitsWritten,
-    _Channel,
-    owner_of,
 )
 from tidemq.store.consume_queue import UNIT_DTYPE
 from tidemq.store.dispatch import ConsumeQueueStore
@@ -80,7 +78,7 @@ def test_every_message_comes_back_equal_through_pickle():
 def test_a_channel_reads_every_whole_message_at_once_and_keeps_a_partial_one():
     a_r, a_w = os.pipe()
     b_r, b_w = os.pipe()
-    sender, receiver = _Channel(b_r, a_w), _Channel(a_r, b_w)
+    sender, receiver = Channel(b_r, a_w), Channel(a_r, b_w)
     try:
         assert not receiver.poll()
         for n in range(3):
@@ -136,7 +134,7 @@ def test_a_channel_returns_the_messages_in_order_whatever_the_pieces_they_come_i
                       for data in (pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL) for m in messages))
     read_fd, write_fd = os.pipe()
     spare_r, spare_w = os.pipe()
-    receiver = _Channel(read_fd, spare_w)
+    receiver = Channel(read_fd, spare_w)
     got = []
     try:
         for at in range(0, len(stream), chunk):

@@ -24,7 +24,9 @@ from tidemq.store.commit_log import CommitLog
 from tidemq.store.consume_queue import ConsumeQueue
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
-from tidemq.store.batch_builder import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES, BatchBuilder, IndexAppend, UnitsHandover, _Channel, owner_of
+from tidemq.store.batch_builder import BatchBuilder, owner_of
+from tidemq.store.dispatch_messages import Channel, IndexAppend, UnitsHandover
+from tidemq.store.dispatch_worker import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES
 from tidemq.store.parallel_dispatch import ParallelDispatcher
 from tidemq.store.recovery import scan_log
 from trees import same_tree
@@ -607,8 +609,8 @@ def test_a_worker_never_blocks_on_a_full_pipe_while_its_coordinator_does(request
             os.close(fd)
             moved.append(number)
         to_worker_r, from_worker_w = moved
-    worker = _Channel(to_worker_r, from_worker_w)
-    coordinator = _Channel(from_worker_r, to_worker_w)
+    worker = Channel(to_worker_r, from_worker_w)
+    coordinator = Channel(from_worker_r, to_worker_w)
     os.set_blocking(from_worker_w, False)
     big = b"u" * (4 << 20)  # far more than a pipe holds
     received = []

@@ -1,7 +1,7 @@
 """The worker side of parallel dispatch (see parallel_dispatch): one batch of commit-log records
-built into ConsumeQueue units at their slots, and key-index entries, by `BatchBuilder`; the
-worker process's loop (`_worker_main`, started as `python -m tidemq.store.dispatch_worker`); the
-pipes a worker and its coordinator talk over (`_Channel`).
+built into ConsumeQueue units at their slots, and key-index entries, by `BatchBuilder`, in a
+worker process (dispatch_worker) or in the coordinator itself; the messages it takes and answers
+are in dispatch_messages.
 
 Queue ownership: with N workers, worker k owns the queues for which `owner_of(topic, queue id, N)`
 is k (a CRC-32 of the topic name plus the queue id, modulo N: the same in every process), and
@@ -28,11 +28,6 @@ are those the single thread writes.  A worker answers append requests, and write
 units, before it builds the next batch it was sent (and between decoding a batch and writing it);
 asked for a batch it has not built yet, it appends as soon as it has built it.
 
-Pipes: a worker's answers can be large (a 16 MiB batch of 10,000 queues: 240 KB of runs, 710 KB
-handed over), and so can what the coordinator forwards to it.  The coordinator's sends block; a
-worker's never block without reading: while its answer does not fit in the pipe, it takes in what
-the coordinator sends (`_Channel.send_reading`), so that neither waits for the other forever.
-
 Ownership: each worker process has its own `BatchBuilder`, its own mappings of the segments and of
 the queue files it writes; workers write disjoint 20-byte slots and create queue files with O_CREAT
 + ftruncate to the common size (idempotent: the coordinator's inline builder and its ConsumeQueues
@@ -44,15 +39,9 @@ creates index files.
 from __future__ import annotations
 
 import mmap
-import operator
 import os
 import pickle
-import select
-import struct
 import zlib
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +49,7 @@ import numpy as np
 from . import open_files, record
 from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
 from .dispatch import QueueKey, group_by_queue, queue_rows
+from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsHandover
 from .index_file import HEADER, IndexFile
 from .scan import scan
 
@@ -68,136 +58,13 @@ try:
 except ImportError:  # the extension is optional: without it, a Python loop copies the runs
     _write_runs = None
 
-CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
-CRASH_EXIT_CODE = 75
+CRASH_EXIT_CODE = 75  # a worker killed by fault injection (CRASH_ENV in dispatch_worker: tests only)
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
 # in a worker process, a batch naming at most this many queues is written whole by its builder,
 # every queue, owned or not: handing a few queues' units over (two more messages through the
 # coordinator, and copies) cost more than each worker mapping their few files
 DIRECT_QUEUES = 16
 MAX_HELD_BATCHES = 256  # index entries of batches never asked for (dropped batches) are let go
-# glibc's malloc in a worker process (the coordinator puts these in its environment): arrays of
-# up to 32 MiB come from the heap, and up to 128 MiB of freed heap stays mapped; and the worker
-# touches WARM_HEAP_BYTES of heap as it starts (`_warm_heap`).  By default arrays past 128 KB
-# were fresh mappings, unmapped when freed, until glibc's threshold had risen past them: a new
-# worker's first batches faulted in every page they used, 1,000-3,000 faults a 16 MiB batch,
-# and took 2-4 times as long as later ones (26-36 ms against 7-10 for the first, one hot queue);
-# and a worker whose batches shrank and grew again gave its heap back and faulted it in anew.
-# The price: a worker keeps about WARM_HEAP_BYTES more resident
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
-WARM_HEAP_BYTES = 64 << 20  # about twice what a 16 MiB batch uses at once
-
-
-def _pickled_as_fields(cls):
-    """Pickle a slots dataclass as its class and its field values, its NumPy arrays as their
-    bytes (rebuilt read-only, by `_rebuilt`): the `__getstate__` / `__setstate__` that
-    `dataclass(slots=True)` gives it call `dataclasses.fields` for every object pickled or
-    unpickled, and NumPy pickles an array with its dtype's state (9 us an array, a BatchResult
-    holds seven): together a tenth of the coordinator's time when it took every message."""
-    get = operator.attrgetter(*cls.__slots__)
-    one = len(cls.__slots__) == 1
-
-    def __reduce__(self):
-        values = (get(self),) if one else get(self)
-        arrays = [i for i, value in enumerate(values) if type(value) is np.ndarray]
-        if arrays:
-            values = list(values)
-            for i in arrays:
-                array = values[i]
-                values[i] = (array.dtype.str, array.tobytes())
-        return _rebuilt, (cls, arrays, values)
-
-    cls.__reduce__ = __reduce__
-    return cls
-
-
-def _rebuilt(cls, arrays: list[int], values):
-    if arrays:
-        values = list(values)
-        for i in arrays:
-            dtype, data = values[i]
-            values[i] = np.frombuffer(data, dtype)
-    return cls(*values)
-
-
-@_pickled_as_fields
-@dataclass(slots=True)
-class QueueRuns:
-    """The slots a batch wrote, one row per queue (`topic_names[topic_ids[i]]`, `queue_ids[i]`):
-    [firsts[i], firsts[i] + counts[i]), then `extras[i]` when the queue's slots in the batch were
-    not one contiguous run."""
-
-    topic_names: list[str]
-    topic_ids: np.ndarray
-    queue_ids: np.ndarray
-    firsts: np.ndarray
-    counts: np.ndarray
-    extras: dict[int, list[int]]
-
-    def __len__(self) -> int:
-        return len(self.firsts)
-
-    @classmethod
-    def empty(cls) -> "QueueRuns":
-        i32, i64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
-        return cls([], i32, i32, i64, i64, {})
-
-
-@_pickled_as_fields
-@dataclass(slots=True, frozen=True)
-class BatchTask:
-    batch_id: int
-    segment_path: str
-    segment_start: int
-    segment_size: int
-    begin: int  # commit-log offsets, record-aligned, inside the segment
-    end: int
-
-
-@_pickled_as_fields
-@dataclass(slots=True)
-class BatchResult:
-    batch_id: int
-    begin: int
-    end: int  # where building stopped: the task's end unless `error`
-    error: str | None
-    records: int
-    last_store_timestamp: int
-    queues: QueueRuns  # per queue, the slots written, in order
-    index_hashes: np.ndarray
-    index_phys: np.ndarray
-    index_timestamps: np.ndarray
-    index_held: int = 0  # entries the worker keeps for an IndexAppend (the arrays are then empty)
-    # (owner, pickled UnitsHandover) for each other worker owning queues of the batch
-    handovers: Sequence[tuple[int, bytes]] = ()
-
-
-@_pickled_as_fields
-@dataclass(slots=True, frozen=True)
-class UnitsHandover:
-    """Builder -> coordinator -> owner: the units of batch `batch_id` for queues the owner owns.
-    Queue i (`topic_names[topic_ids[i]]`, `queue_ids[i]`) has `counts[i]` units, back to back in
-    `units` (20 bytes each, in the queues' order), at slots `firsts[i]` onwards, or, when `slots`
-    is set (some queue's slots in the batch are not one run), at the slots it lists, one per unit."""
-
-    batch_id: int
-    topic_names: list[str]
-    topic_ids: np.ndarray
-    queue_ids: np.ndarray
-    firsts: np.ndarray
-    counts: np.ndarray
-    slots: np.ndarray | None
-    units: bytes
-
-
-@_pickled_as_fields
-@dataclass(slots=True, frozen=True)
-class UnitsWritten:
-    """Owner -> coordinator: the units batch `batch_id` handed over are written (or could not be:
-    `error`)."""
-
-    batch_id: int
-    error: str | None = None
 
 
 def owner_of(topic: str, queue_id: int, owners: int) -> int:
@@ -205,36 +72,6 @@ def owner_of(topic: str, queue_id: int, owners: int) -> int:
     the queue id (as unsigned), modulo `owners`: the same in every process and every run (Python's
     str hash is not), and the consecutive queue ids of a topic alternate between workers."""
     return (zlib.crc32(topic.encode()) + (queue_id & 0xFFFFFFFF)) % owners
-
-
-@_pickled_as_fields
-@dataclass(slots=True, frozen=True)
-class IndexAppend:
-    """Coordinator -> worker: append the held entries of batch `batch_id` (those of records at
-    or past `skip_below`) to the index file at `path`, as many as fit; `path` None: the newest
-    file is full or there is none, only say when the first entry was stored.  Asked for a batch
-    it has not built yet (sent to it, or under way), the worker appends as soon as it has built
-    it, answering after the batch's own answer (none held: 0 appended)."""
-
-    batch_id: int
-    path: str | None
-    skip_below: int
-
-
-@_pickled_as_fields
-@dataclass(slots=True, frozen=True)
-class IndexAppended:
-    """Worker -> coordinator: `appended` entries of batch `batch_id` written; `remaining` still
-    held (the file filled), the first of them stored at `next_timestamp`; `last_timestamp`: store
-    time of the last entry appended (0 if none)."""
-
-    batch_id: int
-    appended: int
-    remaining: int
-    next_timestamp: int
-    last_timestamp: int
-    error: str | None = None
-
 
 
 def _first_run(slots: list[int]) -> tuple[int, list[int] | None]:
@@ -636,296 +473,3 @@ class BatchBuilder:
             index.close()
         self._index_files.clear()
         self._held.clear()
-
-
-def _warm_heap(size: int, piece: int = 8 << 20) -> None:
-    """Touch `size` bytes of heap and free them (see MALLOC_ENV): pieces below the mmap threshold,
-    so that they come from the heap, which then keeps them, and later arrays reuse pages already
-    there instead of faulting in new ones."""
-    pieces = [np.ones(piece, np.uint8) for _ in range(size // piece)]
-    del pieces
-
-
-def _worker_main(conn: "_Channel", consume_queue_root: str, default_units_per_file: int, index_enabled: bool, owner: int = 0,
-                 owners: int = 1) -> None:
-    """A worker process, worker `owner` of `owners`: take the sizes of the queues whose files are
-    not of the default size (the first message), then build each task it receives and send back
-    the result, keeping the index entries until asked to append them; write the units other
-    workers hand over; None stops it.  Messages already sent are read before each build and
-    between its decoding and its writing, and append requests and handed-over units among them
-    are dealt with at once: the coordinator waits for them, the builds can wait."""
-    open_files.raise_limit()  # the more queue files stay mapped between batches, the better
-    _warm_heap(WARM_HEAP_BYTES)
-    try:
-        units_per_file = conn.recv()
-    except EOFError:
-        return  # the coordinator is gone
-    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file)
-    builder.coordinator_pid = os.getppid()
-    builder.max_queue_files = open_files.mapping_budget(share=1.0)  # its only cache of mappings
-    builder.hold_index = True
-    builder.owner = owner
-    builder.owners = owners
-    builder.direct_queues = DIRECT_QUEUES
-    # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
-    # dies after writing N units of its first batch; "N:" without a marker: every worker does;
-    # "append:MARKER": the first worker to create MARKER dies in its first index append to a file
-    # holding entries already; "handover:MARKER": the first worker to create MARKER dies halfway
-    # through writing the first units handed over to it
-    crash = os.environ.get(CRASH_ENV)
-    handover_marker = None  # taken when the first handover comes: only a worker given one may take it
-    if crash:
-        count, _, marker = crash.partition(":")
-        if count == "handover":
-            handover_marker = marker
-        else:
-            try:
-                if marker:
-                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                if count == "append":
-                    builder.exit_in_append = True
-                else:
-                    builder.exit_after_units = int(count)
-            except FileExistsError:
-                pass
-    tasks: deque[BatchTask] = deque()
-    received: deque = deque()  # messages read while an answer waited for room in the pipe
-    stopping = False
-    building: int | None = None  # the batch under way
-    waiting: dict[int, IndexAppend] = {}  # append requests for batches not built yet
-
-    def append(request: IndexAppend) -> IndexAppended:
-        try:
-            return builder.append_index(request)
-        except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
-            builder.forget_index_files()  # the coordinator may cut back and remake them
-            return IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
-
-    def send(answer, *more) -> None:
-        conn.send_reading(answer, received.append, *more)
-
-    def write_handover(handover: UnitsHandover) -> None:
-        nonlocal handover_marker
-        if handover_marker:
-            try:
-                os.close(os.open(handover_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                builder.exit_in_handover = True
-            except FileExistsError:
-                pass
-            handover_marker = None
-        try:
-            builder.write_handover(handover)
-            answer = UnitsWritten(handover.batch_id)
-        except Exception as exc:  # an I/O error: the coordinator writes them itself
-            answer = UnitsWritten(handover.batch_id, f"worker failed: {exc!r}")
-        send(answer)
-
-    def read(block: bool) -> None:
-        """Take the messages sent so far (waiting for one if `block`): answer append requests
-        and write handed-over units at once, queue tasks."""
-        nonlocal stopping
-        while not stopping and (block or received or conn.poll()):
-            block = False
-            if received:
-                message = received.popleft()
-            else:
-                try:
-                    message = conn.recv()
-                except EOFError:
-                    message = None
-            if message is None:
-                stopping = True
-            elif message == "ping":
-                send("pong")
-            elif type(message) is UnitsHandover:
-                write_handover(message)
-            elif type(message) is IndexAppend:
-                if message.batch_id == building or any(task.batch_id == message.batch_id for task in tasks):
-                    waiting[message.batch_id] = message  # the head, not built yet: appended once it is
-                else:
-                    send(append(message))
-            else:
-                tasks.append(message)
-
-    # the head's append is answered between two steps of a build too: the coordinator waits for it
-    builder.between_steps = lambda: read(False)
-    os.set_blocking(conn.write_fd, False)  # see _Channel.send_reading
-    try:
-        while True:
-            read(not tasks)
-            if stopping:
-                return
-            if not tasks:
-                continue
-            task = tasks.popleft()
-            building = task.batch_id
-            try:
-                result = builder.build(task)
-            except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
-                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
-                                     np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
-            building = None
-            request = waiting.pop(task.batch_id, None)
-            if request is None:
-                send(result)
-            else:
-                # the head: its entries go in now, while they are in the cache, and both answers
-                # go together (the coordinator can do nothing with the batch before the append)
-                appended = append(request) if result.index_held else IndexAppended(task.batch_id, 0, 0, 0, 0)
-                send(result, appended)
-    except EOFError:
-        return  # the coordinator is gone
-    finally:
-        builder.close()
-
-
-_LENGTH = struct.Struct("!i")  # a message's header: its length (multiprocessing.connection's framing)
-_READ_BUFFER = 1 << 20  # as much as a worker's pipe holds (RESULT_PIPE_BYTES): one read takes it all
-_NOTHING = object()
-
-
-class _Channel:
-    """Both ends of a worker's pipes as one duplex connection: pickled messages, each after its
-    length.  Reads go through a buffer (one system call takes in every message the pipe holds),
-    and `poll` asks a `select.poll` made once: `multiprocessing.connection`'s reads took the
-    header and the message in separate calls, and its `poll` and `wait` built a selector on each
-    call, a quarter of the coordinator's time."""
-
-    __slots__ = ("read_fd", "write_fd", "_buffer", "_start", "_end", "_poller")
-
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self.read_fd = read_fd
-        self.write_fd = write_fd
-        self._buffer = bytearray(_READ_BUFFER)
-        self._start = 0  # the buffer's unread bytes: [_start, _end)
-        self._end = 0
-        self._poller: select.poll | None = None
-
-    # -- sending
-
-    def send(self, obj) -> None:
-        self.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-    def send_bytes(self, message: bytes) -> None:
-        """Send a message pickled already (`recv` on the other end unpickles it), waiting for
-        room in the pipe (the coordinator's sends; a worker's go through `send_reading`)."""
-        fd = self.write_fd
-        parts = [_LENGTH.pack(len(message)), message]
-        while parts:
-            written = os.writev(fd, parts)
-            while parts and written >= len(parts[0]):
-                written -= len(parts.pop(0))
-            if parts and written:
-                parts[0] = memoryview(parts[0])[written:]
-
-    def send_reading(self, obj, keep, *more) -> None:
-        """Send `obj` (and `more` objects after it), headers and pickles in one write where the
-        pipe has room, through a non-blocking writer without ever waiting only for room: while
-        the pipe is full, receive the messages coming the other way and give them to `keep`.
-        (The coordinator may be blocked sending to this end, not reading its answers.)"""
-        chunks = []
-        for item in (obj, *more):
-            data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
-            chunks += (_LENGTH.pack(len(data)), data)
-        fd = self.write_fd
-        poller = None
-        view = memoryview(b"".join(chunks))  # one write: headers and bodies (a copy costs less than a system call)
-        while view:
-            try:
-                view = view[os.write(fd, view) :]
-            except BlockingIOError:
-                if poller is None:
-                    # poll, not select: a pipe inherited from a store with many files open
-                    # has a descriptor past select's limit (FD_SETSIZE, 1,024)
-                    poller = select.poll()
-                    poller.register(self.read_fd, select.POLLIN)
-                    poller.register(fd, select.POLLOUT)
-                for ready, _ in poller.poll():
-                    if ready != fd:
-                        for message in self.take():  # EOFError: the coordinator is gone
-                            keep(message)
-
-    # -- receiving
-
-    def recv(self):
-        """The next message, waiting for it."""
-        while True:
-            message = self._next()
-            if message is not _NOTHING:
-                return message
-            if not self._read():
-                raise EOFError
-
-    def take(self) -> list:
-        """Read once (the pipe must be readable, or this waits) and return the messages that
-        are whole, maybe none (the rest of one is still to come); EOFError when the pipe is
-        closed and no whole message is left."""
-        open_ = self._read()
-        messages = []
-        while (message := self._next()) is not _NOTHING:
-            messages.append(message)
-        if not messages and not open_:
-            raise EOFError
-        return messages
-
-    def poll(self) -> bool:
-        """A whole message is buffered, or the pipe has something to read (maybe its end)."""
-        if self._whole():
-            return True
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self.read_fd, select.POLLIN)
-        return bool(self._poller.poll(0))
-
-    def _whole(self) -> bool:
-        start, unread = self._start, self._end - self._start
-        return unread >= 4 and unread - 4 >= _LENGTH.unpack_from(self._buffer, start)[0]
-
-    def _next(self):
-        """The next whole message in the buffer, unpickled, or _NOTHING."""
-        start = self._start
-        unread = self._end - start
-        if unread < 4:
-            return _NOTHING
-        size = _LENGTH.unpack_from(self._buffer, start)[0]
-        if unread - 4 < size:
-            return _NOTHING
-        self._start = start + 4 + size
-        with memoryview(self._buffer) as view:
-            return pickle.loads(view[start + 4 : start + 4 + size])
-
-    def _read(self) -> bool:
-        """Read what the pipe holds (at least a byte: waits for it) into the buffer, making room
-        for the whole of a message begun; False at the end of the pipe."""
-        buffer, start, end = self._buffer, self._start, self._end
-        if start == end:
-            start = end = 0
-        unread = end - start
-        room = _READ_BUFFER // 4
-        if unread >= 4:
-            room = max(room, 4 + _LENGTH.unpack_from(buffer, start)[0] - unread)
-        if len(buffer) - end < room:
-            # move the unread bytes to the front, into a larger buffer if a message needs it
-            if len(buffer) < unread + room:
-                grown = bytearray(unread + room)
-                grown[:unread] = buffer[start:end]
-                buffer = self._buffer = grown
-            else:
-                buffer[:unread] = buffer[start:end]
-            start, end = 0, unread
-        with memoryview(buffer) as view:
-            count = os.readv(self.read_fd, [view[end:]])
-        self._start, self._end = start, end + count
-        return count > 0
-
-    def fileno(self) -> int:
-        return self.read_fd
-
-    def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.read_fd = self.write_fd = -1

@@ -74,10 +74,10 @@ small beside its records) and `batch_bytes`, with up to 3 × workers sent and no
 one slow batch does not leave the other workers idle, and up to 8 × workers not committed, so that
 batches built while the head waits for its index append do not leave the workers without work.
 Both pipes of a worker hold 1 MB; the coordinator's sends block, a worker's never do without
-reading what comes in (see batch_builder), so the two never wait for each other for ever.  The
+reading what comes in (see dispatch_messages), so the two never wait for each other for ever.  The
 coordinator waits for answers on one `select.poll` in which every worker's answer pipe is
 registered once (a replacement's when it starts, a dead worker's taken out before its pipes
-close), and takes in every answer a pipe holds with one read (`batch_builder._Channel`); the
+close), and takes in every answer a pipe holds with one read (`dispatch_messages.Channel`); the
 messages are pickled as their fields, arrays as bytes.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
@@ -101,34 +101,20 @@ dropped lie above the frontiers and are overwritten when the batch is built agai
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import mmap
-import os
 import pickle
 import select
 import struct
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from . import record, trickle
-from .batch_builder import (
-    BatchBuilder,
-    BatchResult,
-    BatchTask,
-    IndexAppend,
-    IndexAppended,
-    MALLOC_ENV,
-    QueueRuns,
-    UnitsWritten,
-    _Channel,
-)
+from .batch_builder import BatchBuilder
 from .commit_log import CommitLog
 from .consume_queue import ConsumeQueue
 from .dispatch import (
@@ -141,6 +127,8 @@ from .dispatch import (
     notify_listeners,
     reads_keys,
 )
+from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
+from .dispatch_worker import WorkerProcess
 from .scan import scan
 
 log = logging.getLogger(__name__)
@@ -172,8 +160,6 @@ UNBUILT_PER_WORKER = 3  # batches sent to workers and not answered yet, per work
 OUTSTANDING_PER_WORKER = 8
 MAX_WORKER_DEATHS_IN_A_ROW = 4
 SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time, without NumPy
-RESULT_PIPE_BYTES = 1 << 20  # a worker's pipes, each way: room for an answer naming 20,000 queues
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
 
 
 _MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
@@ -194,66 +180,6 @@ def _record_after(mm, base: int, pos: int, stop: int) -> int | None:
         if start + 36 <= stop and mm[at + 3] in (0xA7, 0xAB) and _I64.unpack_from(mm, start + 28)[0] == base + start:
             return start
         pos = start + 1
-
-class _Worker:
-    """A worker process (`python -m tidemq.store.dispatch_worker`, talking pickled messages over
-    two pipes): a fresh interpreter, so the threaded store process is never forked and the
-    caller's main module is never re-imported."""
-
-    __slots__ = ("number", "process", "conn", "tasks", "handovers")
-
-    def __init__(
-        self, consume_queue_root: str, units_per_file: int, file_sizes: dict[QueueKey, int], index_enabled: bool,
-        number: int, workers: int,
-    ) -> None:
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        if _F_SETPIPE_SZ is not None:
-            for pipe_end in (from_child_w, to_child_w):
-                try:
-                    # an answer naming 10,000 queues is 250 KB, and the units it hands over up
-                    # to 710 KB (a 16 MiB batch, 2 workers): in a 64 KB pipe the worker waited
-                    # (140-250 ms) to send it until the coordinator had committed the batches
-                    # before (new queues), instead of building its next batch meanwhile; the
-                    # other way, the coordinator would wait to forward the units handed over
-                    # until the owner read them
-                    fcntl.fcntl(pipe_end, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
-                except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
-                    pass
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        # NumPy's OpenBLAS threads, idle but polling, took 1.5% of the machine per worker
-        # (perf); a worker never multiplies matrices
-        env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        for name, value in MALLOC_ENV.items():  # the worker's heap is kept (see batch_builder)
-            env.setdefault(name, value)
-        try:
-            self.process = subprocess.Popen(
-                # -P: not the working directory first on the module path (as -m puts it), so that
-                # the worker runs this tidemq (PYTHONPATH), not one the directory happens to hold
-                [sys.executable, "-P", "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
-                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0", str(number), str(workers)],
-                pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
-            )
-        finally:
-            os.close(to_child_r)
-            os.close(from_child_w)
-        self.conn = _Channel(from_child_r, to_child_w)
-        self.number = number  # it owns the queues `owner_of` gives `number` (a replacement takes its number)
-        self.tasks: dict[int, BatchTask] = {}
-        self.handovers: dict[int, bytes] = {}  # batch id -> units handed over to it (pickled), not yet written
-        try:
-            self.conn.send(file_sizes)  # the worker's first message (see batch_builder._worker_main)
-        except OSError:
-            pass  # it died at once: noticed and replaced by ParallelDispatcher._collect
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,13 +233,13 @@ class ParallelDispatcher:
         self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
         self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
         self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
-        self._holders: dict[int, _Worker | None] = {}  # batch id -> the worker holding its index entries
+        self._holders: dict[int, WorkerProcess | None] = {}  # batch id -> the worker holding its index entries
         # batch id -> the owners (worker numbers) still to write the units it handed over, from its
         # first answer until it is processed at the head or dropped
         self._unwritten: dict[int, set[int]] = {}
         self._built: dict[int, BatchResult] = {}  # answered, waiting for its handed-over units
         self._appending: int | None = None  # the head batch whose index append is under way
-        self._asked: _Worker | None = None  # the worker asked to append it
+        self._asked: WorkerProcess | None = None  # the worker asked to append it
         self._index_done: set[int] = set()  # batches whose entries a worker has appended, not processed yet
         # the queues' rows in the frontier table, by (topic number << 32 | queue id), sorted
         self._topic_numbers: dict[str, int] = {}
@@ -323,9 +249,9 @@ class ParallelDispatcher:
         self._row_keys: dict[int, QueueKey] = {}
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerProcess] = []
         self._poller = select.poll()  # the workers' answer pipes (`_watch`)
-        self._watched: dict[int, _Worker] = {}  # by descriptor
+        self._watched: dict[int, WorkerProcess] = {}  # by descriptor
         self._builder: BatchBuilder | None = None
         self.inline_batches = 0
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
@@ -504,8 +430,8 @@ class ParallelDispatcher:
 
     # -- workers -------------------------------------------------------------------------------------
 
-    def _start_worker(self, number: int) -> _Worker:
-        return self._watch(_Worker(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(),
+    def _start_worker(self, number: int) -> WorkerProcess:
+        return self._watch(WorkerProcess(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(),
                                    self.key_index is not None, number, self.worker_count))
 
     def start_workers(self) -> None:
@@ -581,14 +507,14 @@ class ParallelDispatcher:
                         results.append(result)
         return results
 
-    def _watch(self, worker: _Worker) -> _Worker:
+    def _watch(self, worker: WorkerProcess) -> WorkerProcess:
         """Register a worker's answers pipe with the poller (once: a `select.poll` kept, not a
         selector built for each wait)."""
         self._poller.register(worker.conn.read_fd, select.POLLIN)
         self._watched[worker.conn.read_fd] = worker
         return worker
 
-    def _unwatch(self, worker: _Worker) -> None:
+    def _unwatch(self, worker: WorkerProcess) -> None:
         """Before its pipes are closed (a descriptor's number is soon another's)."""
         if self._watched.get(worker.conn.read_fd) is worker:
             del self._watched[worker.conn.read_fd]
@@ -640,7 +566,7 @@ class ParallelDispatcher:
             return self._built.pop(batch_id, None)
         return None
 
-    def _replace(self, dead: _Worker) -> None:
+    def _replace(self, dead: WorkerProcess) -> None:
         self._unwatch(dead)
         dead.conn.close()
         self._deaths_in_a_row += 1
@@ -731,7 +657,7 @@ class ParallelDispatcher:
         files = self.key_index.files
         return None if not files or files[-1].is_full else str(files[-1].path)
 
-    def _request_append(self, batch_id: int, path: str | None, holder: _Worker | None = None) -> None:
+    def _request_append(self, batch_id: int, path: str | None, holder: WorkerProcess | None = None) -> None:
         """Ask the worker holding the batch's index entries (`holder`: the one building it) to
         append them."""
         holder = self._asked = holder or self._holders[batch_id]
