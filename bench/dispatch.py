@@ -19,6 +19,15 @@ compare figures within a run, never across runs):
    lag (bytes and ms, per sink) is sampled every 100 ms and printed, with its largest value since
    the line before, every few seconds.
 
+Start it several minutes after anything deleted many files on the same file system (an earlier
+run's cleanup, a test run's temporary directories): ext4 without a journal, as here, skips inodes
+freed in the last minute (the last six while their inode-table block is dirty) when it allocates
+one, looking at each in turn, and creating the 10,000-queue layout's files was then up to 10x
+slower (perf: `recently_deleted`).  Creating them with one plain process took 2.2 s right after
+deleting 40,000 files and directories, 0.19-0.24 s on a quiet file system; deleting an earlier
+scratch run's directories just before the builds made 2 workers' files part use 2.3 CPU-s
+instead of 1.2.  The run deletes nothing between its timed builds (see `throughput`).
+
 Targets (issue 4): N = 2 workers on a 2-core machine >= 1.7x one worker; under maximum append
 load the lag stays bounded (the second half of the run is not worse than the first).
 """
