@@ -24,16 +24,7 @@ import numpy as np
 from . import open_files
 from .batch_builder import DIRECT_QUEUES, BatchBuilder
 from .dispatch import QueueKey
-from .dispatch_messages import (
-    BatchResult,
-    BatchTask,
-    Channel,
-    IndexAppend,
-    IndexAppended,
-    QueueRuns,
-    UnitsHandover,
-    UnitsWritten,
-)
+from .dispatch_messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 # glibc's malloc in a worker process (the coordinator puts these in its environment): arrays of
