@@ -26,7 +26,7 @@ from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.batch_builder import BatchBuilder, owner_of
 from tidemq.store.dispatch_messages import Channel, IndexAppend, UnitsHandover
-from tidemq.store.dispatch_worker import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES
+from tidemq.store.worker_process import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES
 from tidemq.store.parallel_dispatch import ParallelDispatcher
 from tidemq.store.recovery import scan_log
 from trees import same_tree
@@ -504,6 +504,17 @@ def test_a_started_worker_keeps_a_warm_heap(tmp_path):
             # the touched heap is still resident: glibc gave none of it back when it was freed
             assert int(status["VmRSS"].split()[0]) * 1024 > WARM_HEAP_BYTES
         assert dispatcher.dispatch_until(log.write_position) == 10
+
+
+def test_a_worker_starts_without_warnings(tmp_path, monkeypatch):
+    """`python -m tidemq.store.dispatch_worker` runs a module the store package does not import:
+    run on a module already imported, `-m` runs a second copy of it, with a RuntimeWarning in
+    every worker's output.  With that warning made an error, the worker would die at start."""
+    monkeypatch.setenv("PYTHONWARNINGS", "error::RuntimeWarning")  # the workers inherit the environment
+    log, _ = build_log(tmp_path / "log", [(f"t{i % 3}", i % 5) for i in range(400)], segment_size=64 * 1024)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=4 * 1024) as dispatcher:
+        assert dispatcher.dispatch_until(log.write_position) == 400
+        assert dispatcher.worker_batches > 2 and dispatcher.workers_restarted == 0 and dispatcher.inline_batches == 0
 
 
 def test_workers_run_this_tidemq_whatever_the_working_directory_holds(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """The worker side of parallel dispatch (see parallel_dispatch): one batch of commit-log records
 built into ConsumeQueue units at their slots, and key-index entries, by `BatchBuilder`, in a
-worker process (dispatch_worker) or in the coordinator itself; the messages it takes and answers
+worker process (worker_process) or in the coordinator itself; the messages it takes and answers
 are in dispatch_messages.
 
 Queue ownership: with N workers, worker k owns the queues for which `owner_of(topic, queue id, N)`
@@ -58,7 +58,7 @@ try:
 except ImportError:  # the extension is optional: without it, a Python loop copies the runs
     _write_runs = None
 
-CRASH_EXIT_CODE = 75  # a worker killed by fault injection (CRASH_ENV in dispatch_worker: tests only)
+CRASH_EXIT_CODE = 75  # a worker killed by fault injection (CRASH_ENV in worker_process: tests only)
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
 # in a worker process, a batch naming at most this many queues is written whole by its builder,
 # every queue, owned or not: handing a few queues' units over (two more messages through the

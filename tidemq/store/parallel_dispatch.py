@@ -127,7 +127,7 @@ from .dispatch import (
     reads_keys,
 )
 from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
-from .dispatch_worker import WorkerProcess
+from .worker_process import WorkerProcess
 from .queue_commit import QueueCommitter
 from .scan import scan
 

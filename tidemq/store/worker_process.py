@@ -1,0 +1,248 @@
+"""A parallel-dispatch worker process (see parallel_dispatch): its loop (`worker_main`), and the
+coordinator's handle on one (`WorkerProcess`), which starts it as
+
+    python -P -m tidemq.store.dispatch_worker READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1) OWNER OWNERS
+
+(an entry point apart from this module: the store package imports this one, and `-m` on a module
+already imported runs a second copy of it, with a RuntimeWarning in every worker).
+
+It reads the file sizes of the queues whose files are not of the default size (a pickled dict),
+then pickled `BatchTask`s, `IndexAppend` requests and the `UnitsHandover`s of the queues it owns
+(worker OWNER of OWNERS) from READ_FD, and answers `BatchResult`s, `IndexAppended` and
+`UnitsWritten` on WRITE_FD (see dispatch_messages) until it reads None or the pipe closes (its
+coordinator is gone).  Each worker process has its own `BatchBuilder`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from . import open_files
+from .batch_builder import DIRECT_QUEUES, BatchBuilder
+from .dispatch import QueueKey
+from .dispatch_messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
+
+CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
+# glibc's malloc in a worker process (the coordinator puts these in its environment): arrays of
+# up to 32 MiB come from the heap, and up to 128 MiB of freed heap stays mapped; and the worker
+# touches WARM_HEAP_BYTES of heap as it starts (`_warm_heap`).  By default arrays past 128 KB
+# were fresh mappings, unmapped when freed, until glibc's threshold had risen past them: a new
+# worker's first batches faulted in every page they used, 1,000-3,000 faults a 16 MiB batch,
+# and took 2-4 times as long as later ones (26-36 ms against 7-10 for the first, one hot queue);
+# and a worker whose batches shrank and grew again gave its heap back and faulted it in anew.
+# The price: a worker keeps about WARM_HEAP_BYTES more resident
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
+WARM_HEAP_BYTES = 64 << 20  # about twice what a 16 MiB batch uses at once
+RESULT_PIPE_BYTES = 1 << 20  # a worker's pipes, each way: room for an answer naming 20,000 queues
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
+
+
+def _warm_heap(size: int, piece: int = 8 << 20) -> None:
+    """Touch `size` bytes of heap and free them (see MALLOC_ENV): pieces below the mmap threshold,
+    so that they come from the heap, which then keeps them, and later arrays reuse pages already
+    there instead of faulting in new ones."""
+    pieces = [np.ones(piece, np.uint8) for _ in range(size // piece)]
+    del pieces
+
+
+
+def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: int, index_enabled: bool, owner: int = 0,
+                 owners: int = 1) -> None:
+    """A worker process, worker `owner` of `owners`: take the sizes of the queues whose files are
+    not of the default size (the first message), then build each task it receives and send back
+    the result, keeping the index entries until asked to append them; write the units other
+    workers hand over; None stops it.  Messages already sent are read before each build and
+    between its decoding and its writing, and append requests and handed-over units among them
+    are dealt with at once: the coordinator waits for them, the builds can wait."""
+    open_files.raise_limit()  # the more queue files stay mapped between batches, the better
+    _warm_heap(WARM_HEAP_BYTES)
+    try:
+        units_per_file = conn.recv()
+    except EOFError:
+        return  # the coordinator is gone
+    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file)
+    builder.coordinator_pid = os.getppid()
+    builder.max_queue_files = open_files.mapping_budget(share=1.0)  # its only cache of mappings
+    builder.hold_index = True
+    builder.owner = owner
+    builder.owners = owners
+    builder.direct_queues = DIRECT_QUEUES
+    # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
+    # dies after writing N units of its first batch; "N:" without a marker: every worker does;
+    # "append:MARKER": the first worker to create MARKER dies in its first index append to a file
+    # holding entries already; "handover:MARKER": the first worker to create MARKER dies halfway
+    # through writing the first units handed over to it
+    crash = os.environ.get(CRASH_ENV)
+    handover_marker = None  # taken when the first handover comes: only a worker given one may take it
+    if crash:
+        count, _, marker = crash.partition(":")
+        if count == "handover":
+            handover_marker = marker
+        else:
+            try:
+                if marker:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                if count == "append":
+                    builder.exit_in_append = True
+                else:
+                    builder.exit_after_units = int(count)
+            except FileExistsError:
+                pass
+    tasks: deque[BatchTask] = deque()
+    received: deque = deque()  # messages read while an answer waited for room in the pipe
+    stopping = False
+    building: int | None = None  # the batch under way
+    waiting: dict[int, IndexAppend] = {}  # append requests for batches not built yet
+
+    def append(request: IndexAppend) -> IndexAppended:
+        try:
+            return builder.append_index(request)
+        except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
+            builder.forget_index_files()  # the coordinator may cut back and remake them
+            return IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
+
+    def send(answer, *more) -> None:
+        conn.send_reading(answer, received.append, *more)
+
+    def write_handover(handover: UnitsHandover) -> None:
+        nonlocal handover_marker
+        if handover_marker:
+            try:
+                os.close(os.open(handover_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                builder.exit_in_handover = True
+            except FileExistsError:
+                pass
+            handover_marker = None
+        try:
+            builder.write_handover(handover)
+            answer = UnitsWritten(handover.batch_id)
+        except Exception as exc:  # an I/O error: the coordinator writes them itself
+            answer = UnitsWritten(handover.batch_id, f"worker failed: {exc!r}")
+        send(answer)
+
+    def read(block: bool) -> None:
+        """Take the messages sent so far (waiting for one if `block`): answer append requests
+        and write handed-over units at once, queue tasks."""
+        nonlocal stopping
+        while not stopping and (block or received or conn.poll()):
+            block = False
+            if received:
+                message = received.popleft()
+            else:
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    message = None
+            if message is None:
+                stopping = True
+            elif message == "ping":
+                send("pong")
+            elif type(message) is UnitsHandover:
+                write_handover(message)
+            elif type(message) is IndexAppend:
+                if message.batch_id == building or any(task.batch_id == message.batch_id for task in tasks):
+                    waiting[message.batch_id] = message  # the head, not built yet: appended once it is
+                else:
+                    send(append(message))
+            else:
+                tasks.append(message)
+
+    # the head's append is answered between two steps of a build too: the coordinator waits for it
+    builder.between_steps = lambda: read(False)
+    os.set_blocking(conn.write_fd, False)  # see Channel.send_reading
+    try:
+        while True:
+            read(not tasks)
+            if stopping:
+                return
+            if not tasks:
+                continue
+            task = tasks.popleft()
+            building = task.batch_id
+            try:
+                result = builder.build(task)
+            except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
+                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
+                                     np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+            building = None
+            request = waiting.pop(task.batch_id, None)
+            if request is None:
+                send(result)
+            else:
+                # the head: its entries go in now, while they are in the cache, and both answers
+                # go together (the coordinator can do nothing with the batch before the append)
+                appended = append(request) if result.index_held else IndexAppended(task.batch_id, 0, 0, 0, 0)
+                send(result, appended)
+    except EOFError:
+        return  # the coordinator is gone
+    finally:
+        builder.close()
+
+
+class WorkerProcess:
+    """A worker process (`python -m tidemq.store.dispatch_worker`, talking pickled messages over
+    two pipes): a fresh interpreter, so the threaded store process is never forked and the
+    caller's main module is never re-imported."""
+
+    __slots__ = ("number", "process", "conn", "tasks", "handovers")
+
+    def __init__(
+        self, consume_queue_root: str, units_per_file: int, file_sizes: dict[QueueKey, int], index_enabled: bool,
+        number: int, workers: int,
+    ) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        if _F_SETPIPE_SZ is not None:
+            for pipe_end in (from_child_w, to_child_w):
+                try:
+                    # an answer naming 10,000 queues is 250 KB, and the units it hands over up
+                    # to 710 KB (a 16 MiB batch, 2 workers): in a 64 KB pipe the worker waited
+                    # (140-250 ms) to send it until the coordinator had committed the batches
+                    # before (new queues), instead of building its next batch meanwhile; the
+                    # other way, the coordinator would wait to forward the units handed over
+                    # until the owner read them
+                    fcntl.fcntl(pipe_end, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
+                except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
+                    pass
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # NumPy's OpenBLAS threads, idle but polling, took 1.5% of the machine per worker
+        # (perf); a worker never multiplies matrices
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        for name, value in MALLOC_ENV.items():  # the worker's heap is kept (see MALLOC_ENV)
+            env.setdefault(name, value)
+        try:
+            self.process = subprocess.Popen(
+                # -P: not the working directory first on the module path (as -m puts it), so that
+                # the worker runs this tidemq (PYTHONPATH), not one the directory happens to hold
+                [sys.executable, "-P", "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
+                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0", str(number), str(workers)],
+                pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self.conn = Channel(from_child_r, to_child_w)
+        self.number = number  # it owns the queues `owner_of` gives `number` (a replacement takes its number)
+        self.tasks: dict[int, BatchTask] = {}
+        self.handovers: dict[int, bytes] = {}  # batch id -> units handed over to it (pickled), not yet written
+        try:
+            self.conn.send(file_sizes)  # the worker's first message (see worker_main)
+        except OSError:
+            pass  # it died at once: noticed and replaced by ParallelDispatcher._collect
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
