@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemq.store import record
-from tidemq.store.dispatch import DispatchRequest
+from tidemq.store.dispatch import DispatchRequest, builds_queue_entry
 from tidemq.store.index_file import key_hashes
 from tidemq.store import scan as scan_module
 from tidemq.store.scan import scan
@@ -94,6 +94,14 @@ def expected_index(requests: list[DispatchRequest]):
             phys.append(r.commit_log_offset)
             times.append(r.store_timestamp)
     return key_hashes(texts), phys, times
+
+
+def test_the_vectorized_queue_entry_rule_is_the_per_record_one():
+    """Every SYSFLAG: NOT and COMMIT records get a ConsumeQueue entry, PREPARED and ROLLBACK
+    not, whatever the other flags; for a whole batch as for one record."""
+    sysflags = np.arange(256, dtype=np.int32)
+    kinds = [flag & record.TRANSACTION_TYPE_MASK for flag in range(256)]
+    assert builds_queue_entry(sysflags).tolist() == [kind in (record.TRANSACTION_NOT, record.TRANSACTION_COMMIT) for kind in kinds]
 
 
 def test_the_compiled_dispatch_parts_are_built():
