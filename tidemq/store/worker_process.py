@@ -52,7 +52,6 @@ def _warm_heap(size: int, piece: int = 8 << 20) -> None:
     del pieces
 
 
-
 def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: int, index_enabled: bool, owner: int = 0,
                  owners: int = 1) -> None:
     """A worker process, worker `owner` of `owners`: take the sizes of the queues whose files are
