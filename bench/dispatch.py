@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
 from tidemq.store.commit_log import CommitLog  # noqa: E402
-from tidemq.store.dispatch import ConsumeQueueStore  # noqa: E402
+from tidemq.store.dispatch import ConsumeQueueStore, spread_topic_directories  # noqa: E402
 from tidemq.store.key_index import KeyIndex  # noqa: E402
 from tidemq.store.parallel_dispatch import ParallelDispatcher  # noqa: E402
 
@@ -316,13 +316,10 @@ def file_system_parallelism(directory: Path, n: int) -> tuple[float, float]:
     part adds, all in the kernel) gets from n processes: (seconds for one process to create them,
     seconds for n processes each creating those of its share of the topics).  Process k of n takes
     the k-th run of consecutive topics, as worker k of n starts k/n of the way through its queues
-    ordered by topic (`BatchBuilder._rotated`).  Taking alternate topics instead, the two made
-    queues in neighbouring topics at the same time, whose directories often share an ext4 block
-    group (and so one inode bitmap), which a build's workers seldom do.  Either way creation by two
-    processes scales unevenly here: run back to back on their own, 0.95-1.46x with alternate topics
-    and 1.44-1.55x with runs of topics (the interpreters' start in the timing); after a full run's
-    builds, 0.54-1.43x and 0.75x.  Nothing is deleted here: `throughput` deletes `directory` with
-    the builds' files."""
+    ordered by topic (`BatchBuilder._rotated`), in a directory marked as the store marks its
+    ConsumeQueue directory (`spread_topic_directories`), so that the topics' directories lie in
+    different block groups.  Nothing is deleted here: `throughput` deletes `directory` with the
+    builds' files."""
     code = (
         "import os, sys\n"
         "root, share, shares, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])\n"
@@ -337,6 +334,8 @@ def file_system_parallelism(directory: Path, n: int) -> tuple[float, float]:
 
     def run(k: int) -> float:
         target = directory / f"{k}-processes"
+        target.mkdir(parents=True)
+        spread_topic_directories(target)
         return _run_together([[code, str(target), str(share), str(k), str(UNITS * 20)] for share in range(k)])
 
     return run(1), run(n)

@@ -130,3 +130,40 @@ def test_writing_a_new_page_of_a_file_dispatch_made_reads_in_that_page_only(tmp_
     assert 10 in resident
     assert set(resident) <= {0, 10}, f"pages read ahead: {resident}"
     cq.close()
+
+
+def _inode_flags(path) -> int | None:
+    """The directory's ext2/3/4 inode flags, None where its file system has none."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, 0x80086601, bytes(4)))[0]  # FS_IOC_GETFLAGS
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def test_the_queue_directory_is_marked_so_that_topic_directories_spread(tmp_path):
+    """ConsumeQueueStore marks its directory FS_TOPDIR_FL (chattr +T) where the file system has
+    inode flags, keeping the others; a directory it cannot mark is used as it is."""
+    import pytest
+
+    from tidemq.store.dispatch import FS_TOPDIR_FL, ConsumeQueueStore, spread_topic_directories
+
+    root = tmp_path / "consumequeue"
+    root.mkdir()
+    before = _inode_flags(root)
+    if before is None:
+        pytest.skip("the temporary directory's file system has no inode flags")
+    assert not before & FS_TOPDIR_FL
+    store = ConsumeQueueStore(root)
+    store.get_or_create("t", 0).put(0, 100, 10, 0)
+    store.close()
+    assert _inode_flags(root) == before | FS_TOPDIR_FL
+    reopened = ConsumeQueueStore(root)
+    assert reopened.get("t", 0).max_offset == 1
+    assert _inode_flags(root) == before | FS_TOPDIR_FL
+    reopened.close()
+    assert spread_topic_directories(tmp_path / "missing") is False
