@@ -1,11 +1,15 @@
 """ConsumeQueue files: 20-byte units, file roll-over, ranges, frontier, time search, truncation."""
 
 import ctypes
+import fcntl
 import mmap
 import os
 import struct
 
+import pytest
+
 from tidemq.store.consume_queue import BLANK_UNIT_SIZE, UNIT_SIZE, ConsumeQueue, FrontierTable, file_name, map_queue_file
+from tidemq.store.dispatch import FS_TOPDIR_FL, ConsumeQueueStore, spread_topic_directories
 
 
 def test_units_are_rocketmq_bytes_and_files_roll(tmp_path):
@@ -134,8 +138,6 @@ def test_writing_a_new_page_of_a_file_dispatch_made_reads_in_that_page_only(tmp_
 
 def _inode_flags(path) -> int | None:
     """The directory's ext2/3/4 inode flags, None where its file system has none."""
-    import fcntl
-
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         return struct.unpack("i", fcntl.ioctl(fd, 0x80086601, bytes(4)))[0]  # FS_IOC_GETFLAGS
@@ -148,10 +150,6 @@ def _inode_flags(path) -> int | None:
 def test_the_queue_directory_is_marked_so_that_topic_directories_spread(tmp_path):
     """ConsumeQueueStore marks its directory FS_TOPDIR_FL (chattr +T) where the file system has
     inode flags, keeping the others; a directory it cannot mark is used as it is."""
-    import pytest
-
-    from tidemq.store.dispatch import FS_TOPDIR_FL, ConsumeQueueStore, spread_topic_directories
-
     root = tmp_path / "consumequeue"
     root.mkdir()
     before = _inode_flags(root)

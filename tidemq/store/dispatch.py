@@ -19,6 +19,7 @@ thread starts).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import struct
@@ -211,10 +212,8 @@ def spread_topic_directories(root: Path) -> bool:
     Returns whether the flag is set; a file system without such flags (tmpfs, XFS: the ioctl
     fails) is left as it is, since the flag only steers where new directories go."""
     try:
-        import fcntl
-
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    except (ImportError, OSError):
+    except OSError:
         return False
     try:
         (flags,) = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(4)))
