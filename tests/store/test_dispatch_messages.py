@@ -227,6 +227,15 @@ def test_compiled_runs_write_the_same_files_as_the_python_loop(tmp_path, monkeyp
     assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
 
 
+@pytest.mark.skipif(batch_builder.map_file is batch_builder.map_file_python, reason="tidemq/store/_queue_file.c is not built")
+@pytest.mark.parametrize("seed", range(3))
+def test_builders_mapping_their_files_compiled_or_with_mmap_write_the_same_files(tmp_path, monkeypatch, seed):
+    unwritten = _write_random_groups(tmp_path / "compiled", seed)
+    monkeypatch.setattr(batch_builder, "map_file", batch_builder.map_file_python)
+    assert _write_random_groups(tmp_path / "python", seed) == unwritten
+    assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
+
+
 @pytest.mark.skipif(batch_builder._write_runs is None, reason="the compiled extension is not built")
 def test_compiled_runs_refuse_groups_that_do_not_fit(tmp_path):
     units = bytes(40)

@@ -704,8 +704,8 @@ def test_dispatch_thread_alone_writes_known_queues_through_their_own_mappings(tm
     first = dispatcher.dispatch_until(middle)
     assert dispatcher.worker_pids() == [] and dispatcher.worker_batches == 0 and dispatcher.inline_batches > 1
     mapped = []
-    real = batch_builder.map_queue_file
-    monkeypatch.setattr(batch_builder, "map_queue_file", lambda path, *args, **kw: mapped.append(path) or real(path, *args, **kw))
+    real = batch_builder.map_file
+    monkeypatch.setattr(batch_builder, "map_file", lambda path, *args: mapped.append(path) or real(path, *args))
     assert first + dispatcher.dispatch_until(log.write_position) == len(keys)
     assert mapped == []  # every queue (one file each) was known after the first half
     assert all(cqs.get(*key).commit_frontier == 50 for key in set(keys))

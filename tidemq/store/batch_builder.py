@@ -58,6 +58,23 @@ try:
 except ImportError:  # the extension is optional: without it, a Python loop copies the runs
     _write_runs = None
 
+
+def map_file_python(path: str, size: int, create: bool):
+    """`_queue_file.map_file` with Python's mmap module (`consume_queue.map_queue_file`, random
+    access): an `mmap.mmap`, or None when not `create` and the file is not there."""
+    try:
+        return map_queue_file(path, size, create=create, random_access=True)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+
+
+try:
+    from ._queue_file import map_file
+except ImportError:  # optional too: without it, queue files are mapped with Python's mmap module
+    map_file = map_file_python
+
 CRASH_EXIT_CODE = 75  # a worker killed by fault injection (CRASH_ENV in worker_process: tests only)
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
 # in a worker process, a batch naming at most this many queues is written whole by its builder,
@@ -109,8 +126,10 @@ class BatchBuilder:
         # the file system (a scandir of each queue's directory was 20 us a queue, doubled when
         # two workers met the same new queues)
         self._units_per_file: dict[QueueKey, int] = dict(units_per_file or {})
-        self._files: dict[tuple[str, int, int], mmap.mmap] = {}
-        # mappings kept open: each holds an open file (open_files); all are closed at the budget
+        # the queue files mapped, by (topic, queue id, first slot): `_queue_file.Mapping`s, which
+        # hold no descriptor, or without the extension `mmap.mmap`s, each holding an open file
+        # (open_files); all are closed at the budget
+        self._files: dict[tuple[str, int, int], object] = {}
         self.max_queue_files = open_files.mapping_budget(open_files.INLINE_BUILDER_SHARE)
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
@@ -139,25 +158,27 @@ class BatchBuilder:
             self._segments[task.segment_path] = mm
         return mm
 
-    def _made_queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> mmap.mmap | None:
+    def _made_queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
         """A file of another worker's queue, mapped if its owner has made it and this builder's
         mappings are under half their budget (with more queues than that, each worker keeps to
         its own); None otherwise: the units are handed over."""
         if len(self._files) >= self.max_queue_files // 2:
             return None
-        try:
-            return self._queue_file(topic, queue_id, file_start, upf, create=False)
-        except FileNotFoundError:
-            return None
+        return self._queue_file(topic, queue_id, file_start, upf, create=False)
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True) -> mmap.mmap:
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
+        """The queue's file starting at slot `file_start`, mapped (a `_queue_file.Mapping`, or an
+        `mmap.mmap` without the extension) and kept in `_files`; made if need be when `create`,
+        else None if it is not there."""
         if len(self._files) >= self.max_queue_files:
             self.close_queue_files()
         path = f"{self.root}/{topic}/{queue_id}/{file_name(file_start * UNIT_SIZE)}"
         # every creator extends to the same size: idempotent; random access, so that a first
         # write reads in one page, not the file (readahead): with 10,000 new queues that was
         # most of the cost of making their files
-        mm = map_queue_file(path, upf * UNIT_SIZE, create=create, random_access=True)
+        mm = map_file(path, upf * UNIT_SIZE, create)
+        if mm is None:
+            return None
         self._files[(topic, queue_id, file_start)] = mm
         return mm
 

@@ -102,7 +102,6 @@ dropped lie above the frontiers and are overwritten when the batch is built agai
 from __future__ import annotations
 
 import logging
-import mmap
 import pickle
 import select
 import struct
@@ -773,7 +772,7 @@ class _ThreadBuilder(BatchBuilder):
         super().__init__(str(queues.root), queues.units_per_file, index_enabled, queues.file_sizes())
         self._store_queues = queues.queues
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True) -> mmap.mmap:
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
         cq = self._store_queues.get((topic, queue_id))
         if cq is not None:
             mm = cq.mapping_of(file_start)
