@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tidemq.store import Message, MessageStore, StoreConfig, batch_builder, record
 from tidemq.store.commit_log import CommitLog
-from tidemq.store.consume_queue import ConsumeQueue
+from tidemq.store.consume_queue import ConsumeQueue, FrontierTable
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.batch_builder import BatchBuilder, owner_of
@@ -302,6 +302,23 @@ def test_a_new_queue_adopted_in_one_step_equals_one_adopted_and_committed(tmp_pa
     with pytest.raises(ValueError):  # past its first file
         ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 32, 65)
     cqs.close()
+
+
+def test_new_queues_adopted_together_take_consecutive_rows_set_as_one_by_one(tmp_path):
+    table = FrontierTable(4)  # grown part way through
+    single = ConsumeQueue.adopted(tmp_path, "a", 0, 32, table, 0, 3)
+    keys, firsts, ends = [("a", 1), ("b", 0), ("b", 7), ("c", 2), ("c", 3)], [0, 32, 64, 0, 96], [5, 33, 96, 1, 100]
+    many = ConsumeQueue.adopted_many(tmp_path, 32, table, keys, firsts, ends)
+    assert [cq.row for cq in many] == [1, 2, 3, 4, 5] and table.size == 6
+    for cq, key, first, end in zip([single] + many, [("a", 0)] + keys, [0] + firsts, [3] + ends):
+        assert ((cq.topic, cq.queue_id), cq.min_offset, cq.commit_frontier, cq.max_offset) == (key, first, end, end)
+        assert (table.files_end[cq.row], table.pending[cq.row]) == (first + 32, False)
+        assert cq._files[0].path == f"{tmp_path}/{key[0]}/{key[1]}/{first * 20:020d}" and cq._files[0]._mm is None
+    with pytest.raises(ValueError, match="c/9: slots"):  # one queue's slots not in its first file: none is adopted
+        ConsumeQueue.adopted_many(tmp_path, 32, table, [("c", 8), ("c", 9)], [0, 0], [4, 33])
+    assert table.size == 6
+    fresh = ConsumeQueue(tmp_path, "d", 0, 32, load=False, table=table)
+    assert (fresh.row, fresh.commit_frontier, table.files_end[fresh.row]) == (6, 0, -1)
 
 
 def test_a_new_queue_starting_its_file_is_mapped_by_its_first_reader(tmp_path):

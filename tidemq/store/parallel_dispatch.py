@@ -47,7 +47,7 @@ the store's files through their own mappings:
   exactly at its cut is committed: each queue's run of slots starts at that queue's commit
   frontier (`ConsumeQueue.commit_range`), so readers and long-polling listeners (told only of
   frontier moves) never see a gap or a reordering; a queue seen for the first time is started
-  there (`ConsumeQueue.adopted` or `adopt_files`), its first slot now known.  Then
+  there (`ConsumeQueue.adopted_many` or `adopt_files`), its first slot now known.  Then
   `dispatched_offset` advances: it is the end of the longest prefix of completely built (units,
   handed-over units and index entries) batches, which is what the checkpoint records and what
   recovery restarts from.  A walk that ended short (a damaged record, data not readable yet, or a

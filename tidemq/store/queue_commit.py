@@ -2,7 +2,8 @@
 committed strictly in log order, when each reaches the head, so each queue's run of slots in the
 batch starts at that queue's commit frontier (`ConsumeQueue.commit_range`); readers and
 long-polling listeners, told only of frontier moves, never see a gap or a reordering.  A queue
-seen for the first time is started at its first slot (`ConsumeQueue.adopted`, `adopt_files`).
+seen for the first time is started at its first slot (`ConsumeQueue.adopted_many`, the batch's
+new queues together, or `adopt_files`).
 
 Ownership: `QueueCommitter` belongs to the dispatching thread, the one writer of the store's
 `ConsumeQueue` objects and of their rows in the frontier table.
@@ -100,24 +101,33 @@ class QueueCommitter:
         registered = False
         names = runs.topic_names
         queues = self.queues.queues
-        root, upf = self.queues.root, self.queues.units_per_file
+        upf = self.queues.units_per_file
         extras = runs.extras
+        fresh: list[tuple[QueueKey, int, int, int]] = []  # new queues to adopt together: key, code, first, end
         for i, topic_id, queue_id, code, row, first, end in slow:
             key = (names[topic_id], queue_id)
             if row < 0 and not first % upf and end - first <= upf and key not in queues and i not in extras:
                 # a new queue starting a file, its run in that file (10,000 in one batch of
-                # bench/dispatch.py): made in one step
-                cq = queues[key] = ConsumeQueue.adopted(root, key[0], queue_id, upf, table, first, end)
-                changes[key] = end
-            else:
-                cq = self.queue_at(key, first)
-                extra = extras.get(i)
-                if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
-                    changes[key] = cq.commit_frontier
+                # bench/dispatch.py): adopted with the others below
+                fresh.append((key, code, first, end))
+                continue
+            cq = self.queue_at(key, first)
+            extra = extras.get(i)
+            if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
+                changes[key] = cq.commit_frontier
             if row != cq.row and cq.table is table:
                 self._code_of[code] = cq.row
                 self._row_keys[cq.row] = key
                 registered = True
+        if fresh:
+            keys, codes, firsts, ends = zip(*fresh)
+            adopted = ConsumeQueue.adopted_many(self.queues.root, upf, table, keys, firsts, ends)
+            for key, code, end, cq in zip(keys, codes, ends, adopted):
+                queues[key] = cq
+                changes[key] = end
+                self._code_of[code] = cq.row
+                self._row_keys[cq.row] = key
+            registered = True
         if registered:
             self._codes = np.fromiter(self._code_of.keys(), dtype=np.int64, count=len(self._code_of))
             self._code_rows = np.fromiter(self._code_of.values(), dtype=np.int64, count=len(self._code_of))
