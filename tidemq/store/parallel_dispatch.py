@@ -8,7 +8,7 @@ the store's files through their own mappings:
   (its first header checked: a whole record, or the blank that closes the segment) and ends at
   the first record header past the target size that names its own position (magic code and
   PHYSICALOFFSET), or at the limit.  Such a header is only a candidate boundary (a body could
-  hold those bytes); the worker's walk over the batch confirms it.
+  hold those bytes); the worker's walk over the batch confirms it (`batch_cut`).
 - **Queue ownership**: with N workers, worker k owns the queues `batch_builder.owner_of` gives
   k (CRC-32 of the topic name plus the queue id, modulo N; a worker's replacement owns the
   same).  Only a queue's owner makes its files; another worker writes a queue's run of units
@@ -58,7 +58,7 @@ Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordi
 the same `BatchBuilder`, owning every queue, so an idle store starts no process and a trickle pays
 no IPC; with 0 workers (the store's `dispatch_workers = 0`) every batch is, one `batch_bytes`
 batch at a time.  That builder writes the queues the store already has through their
-`ConsumeQueue` mappings (`_ThreadBuilder`).  Workers start on first need (fresh interpreters,
+`ConsumeQueue` mappings (`batch_builder.ThreadBuilder`).  Workers start on first need (fresh interpreters,
 `python -P -m tidemq.store.dispatch_worker`: the threaded store process is never forked) and are
 replaced if one dies: its replacement (same number, same queues) is sent the units handed over to
 it and not yet written, then its unanswered batches, which are built again (rewriting the same
@@ -104,7 +104,6 @@ from __future__ import annotations
 import logging
 import pickle
 import select
-import struct
 import subprocess
 import time
 from dataclasses import dataclass
@@ -113,7 +112,8 @@ from typing import Callable
 import numpy as np
 
 from . import record, trickle
-from .batch_builder import BatchBuilder
+from .batch_builder import BatchBuilder, ThreadBuilder
+from .batch_cut import batch_end
 from .commit_log import CommitLog
 from .dispatch import (
     ArrivalListener,
@@ -131,10 +131,6 @@ from .queue_commit import QueueCommitter
 from .scan import scan
 
 log = logging.getLogger(__name__)
-
-_SIZE_MAGIC = struct.Struct(">ii")
-_MESSAGE_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
-MIN_RECORD_SIZE = 91
 
 # 4 times RocketMQ's BATCH_SIZE: a batch's costs per queue it names (a run to commit, a file to
 # look up and copy into, units handed over) and the coordinator's per batch (waking up, taking
@@ -158,26 +154,6 @@ UNBUILT_PER_WORKER = 3  # batches sent to workers and not answered yet, per work
 # with 3 (the unbuilt limit), the workers were idle 10-25% of the time for want of a batch
 OUTSTANDING_PER_WORKER = 8
 MAX_WORKER_DEATHS_IN_A_ROW = 4
-
-
-_MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
-_I64 = struct.Struct(">q")
-
-
-def _record_after(mm, base: int, pos: int, stop: int) -> int | None:
-    """The first position at or after `pos` (and before `stop`) holding what looks like a record
-    header: a message magic code and a PHYSICALOFFSET equal to its own commit-log offset.  A
-    candidate, not a proof: bytes inside a body could pass; the walk over the batch before it
-    confirms the boundary."""
-    find = mm.find
-    while True:
-        at = find(_MAGIC_PREFIX, pos + 4, stop)
-        if at < 0:
-            return None
-        start = at - 4
-        if start + 36 <= stop and mm[at + 3] in (0xA7, 0xAB) and _I64.unpack_from(mm, start + 28)[0] == base + start:
-            return start
-        pos = start + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,14 +335,9 @@ class ParallelDispatcher:
             self._blank_ends[task.batch_id] = seg_end
             self._cut_offset = seg_end
             return task
-        total, magic = _SIZE_MAGIC.unpack_from(mm, pos)
-        if magic not in _MESSAGE_MAGICS or total < MIN_RECORD_SIZE or pos + total > hard_stop:
+        end = batch_end(mm, base, pos, hard_stop, size)
+        if end is None:
             return None  # not written yet, or damage the sequential walk reports; never skip past it
-        end = hard_stop
-        if pos + size < hard_stop - (size >> 2):  # else take the rest rather than leave a sliver
-            boundary = _record_after(mm, base, max(pos + size, pos + total), hard_stop)
-            if boundary is not None:
-                end = boundary
         task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, base + end)
         self._next_id += 1
         self._cut_offset = base + end
@@ -402,7 +373,7 @@ class ParallelDispatcher:
     def _inline_builder(self) -> BatchBuilder:
         """The dispatch thread's builder: it owns every queue (no units handed over)."""
         if self._builder is None:
-            self._builder = _ThreadBuilder(self.queues, self.key_index is not None)
+            self._builder = ThreadBuilder(self.queues, self.key_index is not None)
         return self._builder
 
     def _build_inline(self, task: BatchTask) -> BatchResult:
@@ -755,30 +726,6 @@ class ParallelDispatcher:
         if self._builder is not None:
             self._builder.close()
             self._builder = None
-
-
-class _ThreadBuilder(BatchBuilder):
-    """The dispatch thread's `BatchBuilder`.  It writes a queue the store already has through
-    that queue's own mapping of the file (`ConsumeQueue.mapping_of`, counted in
-    `consume_queue.MAPPINGS`), and maps only new queues' files itself.  So with more queues
-    than the builder's own small budget of mappings (`open_files.INLINE_BUILDER_SHARE`),
-    building on this thread alone (`dispatch_workers = 0`) does not map every file again in
-    every batch: with 10,000 queues that was 143,000 mappings for 200,000 entries, 3.1 of the
-    build's 3.8 s under cProfile.  Only the dispatch thread touches the `ConsumeQueue` objects
-    (retention, on another thread, drops only files below the frontiers, under the queue's
-    lock), and it is the thread that builds."""
-
-    def __init__(self, queues: ConsumeQueueStore, index_enabled: bool) -> None:
-        super().__init__(str(queues.root), queues.units_per_file, index_enabled, queues.file_sizes())
-        self._store_queues = queues.queues
-
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
-        cq = self._store_queues.get((topic, queue_id))
-        if cq is not None:
-            mm = cq.mapping_of(file_start)
-            if mm is not None:
-                return mm
-        return super()._queue_file(topic, queue_id, file_start, upf, create)
 
 
 def _read_batch(commit_log: CommitLog, begin: int, end: int, keys: bool) -> DispatchBatch:

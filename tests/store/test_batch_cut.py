@@ -1,0 +1,76 @@
+"""Where parallel dispatch cuts its batches (`batch_cut`): candidate record headers found without a
+walk, and bodies that hold bytes shaped like a header naming its own position."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidemq.store import record
+from tidemq.store.batch_cut import batch_end
+from tidemq.store.commit_log import CommitLog
+from test_parallel_dispatch import STORE_HOST, two_workers_against_one_thread
+
+BASE_TIME = 1_700_000_000_000
+
+
+def _log_with_header_shaped_bodies(directory: Path, count: int, lying: set[int], honest: set[int]) -> tuple[CommitLog, list[int]]:
+    """`count` records of 3 queues, bodies of 64 to 213 bytes; the body of record i in `honest` starts with
+    a message magic code and, where a header's PHYSICALOFFSET is, the body's own commit-log
+    offset; in `lying`, with another offset.  Returns the log and the records' offsets."""
+    log = CommitLog(directory / "commitlog", 1 << 20)
+    offsets = []
+    for i in range(count):
+        encoded = record.prepare(
+            topic="t", body=b"BODY%06d" % i + b"." * (54 + i * 37 % 150), queue_id=i % 3,
+            properties_bytes=record.encode_properties({record.PROPERTY_KEYS: f"k{i}"}),
+            store_host=STORE_HOST, born_host=("127.0.0.1", 0), born_timestamp=BASE_TIME + i,
+        )
+        offsets.append(log.append(encoded, i // 3, BASE_TIME + i))
+    segment = log.segment_for(0)
+    for i in honest | lying:
+        at = segment.mm.find(b"BODY%06d" % i)
+        segment.mm[at : at + 8] = (200).to_bytes(4, "big") + record.MESSAGE_MAGIC_CODE.to_bytes(4, "big", signed=True)
+        named = segment.start + at + (0 if i in honest else 1)
+        segment.mm[at + 28 : at + 36] = named.to_bytes(8, "big")
+    return log, offsets
+
+
+def test_a_batch_ends_at_the_first_header_past_its_size_that_names_its_own_position(tmp_path):
+    log, offsets = _log_with_header_shaped_bodies(tmp_path, 40, lying={10}, honest={25})
+    mm = log.segment_for(0).mm
+    stop = log.write_position
+    # from record 0, about 5 records' worth: the next record boundary past that
+    size = offsets[5] - 3
+    assert batch_end(mm, 0, 0, stop, size) == offsets[5]
+    # a body whose header-shaped bytes name another offset is no boundary: the search goes on
+    size = offsets[10] + 20 - offsets[8]
+    assert batch_end(mm, 0, offsets[8], stop, size) == offsets[11]
+    # one naming its own position is a candidate (the worker's walk then ends short of it)
+    fake = mm.find(b"\xda\xa3\x20\xa7", offsets[25] + 8) - 4  # the bytes planted in record 25's body
+    assert offsets[25] < fake < offsets[26]
+    assert batch_end(mm, 0, offsets[22], stop, offsets[25] + 1 - offsets[22]) == fake
+    # the rest past the size is a sliver (under a quarter of it), or there is no header past it:
+    # the batch takes everything to the stop
+    assert batch_end(mm, 0, offsets[30], stop, stop - offsets[30] - 10) == stop
+    assert batch_end(mm, 0, offsets[30], offsets[33], 1 << 20) == offsets[33]
+    # no whole record at the start: not written yet, or cut off by the stop
+    assert batch_end(mm, 0, stop, stop + 4096, 1000) is None
+    assert batch_end(mm, 0, offsets[30], offsets[31] - 1, 100) is None
+    log.close()
+
+
+def test_workers_cut_again_where_a_batch_ended_on_a_header_shaped_body(tmp_path):
+    # three bodies in four name their own position, so that most cuts land inside a record: each
+    # such batch's walk ends at the start of the record holding the bytes, dispatch stops there
+    # (as at any walk that ends short) and the next call cuts again from there
+    count = 600
+    lying = set(range(0, count, 4))
+    log, _ = _log_with_header_shaped_bodies(tmp_path / "log", count, lying=lying, honest=set(range(count)) - lying)
+    with two_workers_against_one_thread(tmp_path, log, batch_bytes=4096) as dispatcher:
+        calls, dispatched = 0, 0
+        while dispatcher.dispatched_offset < log.write_position and calls < 100:
+            dispatched += dispatcher.dispatch_until(log.write_position)
+            calls += 1
+        assert dispatched == count
+        assert calls > 5  # cuts landed on header-shaped bodies
+    log.close()
