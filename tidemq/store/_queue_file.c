@@ -74,18 +74,24 @@ static Py_ssize_t mapping_length(Mapping *m) {
     return m->size;
 }
 
+/* The byte `item` (an integer, negative from the end) names; -1 with IndexError set if there is none. */
+static Py_ssize_t byte_index(Mapping *m, PyObject *item) {
+    Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
+    if (i == -1 && PyErr_Occurred()) return -1;
+    if (i < 0) i += m->size;
+    if (i < 0 || i >= m->size) {
+        PyErr_SetString(PyExc_IndexError, "queue-file mapping index out of range");
+        return -1;
+    }
+    return i;
+}
+
 /* m[i] -> int, m[a:b:c] -> bytes */
 static PyObject *mapping_subscript(Mapping *m, PyObject *item) {
     if (mapping_open(m) < 0) return NULL;
     if (PyIndex_Check(item)) {
-        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
-        if (i == -1 && PyErr_Occurred()) return NULL;
-        if (i < 0) i += m->size;
-        if (i < 0 || i >= m->size) {
-            PyErr_SetString(PyExc_IndexError, "queue-file mapping index out of range");
-            return NULL;
-        }
-        return PyLong_FromLong(m->data[i]);
+        Py_ssize_t i = byte_index(m, item);
+        return i < 0 ? NULL : PyLong_FromLong(m->data[i]);
     }
     if (!PySlice_Check(item)) {
         PyErr_Format(PyExc_TypeError, "queue-file mapping indices must be integers or slices, not %.100s", Py_TYPE(item)->tp_name);
@@ -110,13 +116,8 @@ static int mapping_ass_subscript(Mapping *m, PyObject *item, PyObject *value) {
         return -1;
     }
     if (PyIndex_Check(item)) {
-        Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
-        if (i == -1 && PyErr_Occurred()) return -1;
-        if (i < 0) i += m->size;
-        if (i < 0 || i >= m->size) {
-            PyErr_SetString(PyExc_IndexError, "queue-file mapping assignment index out of range");
-            return -1;
-        }
+        Py_ssize_t i = byte_index(m, item);
+        if (i < 0) return -1;
         long byte = PyLong_AsLong(value);
         if (byte == -1 && PyErr_Occurred()) return -1;
         if (byte < 0 || byte > 255) {
@@ -176,8 +177,6 @@ static PyMappingMethods mapping_as_mapping = {
     (objobjargproc)mapping_ass_subscript,
 };
 
-static PySequenceMethods mapping_as_sequence = {(lenfunc)mapping_length};
-
 static PyBufferProcs mapping_as_buffer = {(getbufferproc)mapping_getbuffer, (releasebufferproc)mapping_releasebuffer};
 
 static PyTypeObject MappingType = {
@@ -185,7 +184,6 @@ static PyTypeObject MappingType = {
     .tp_name = "tidemq.store._queue_file.Mapping",
     .tp_basicsize = sizeof(Mapping),
     .tp_dealloc = (destructor)mapping_dealloc,
-    .tp_as_sequence = &mapping_as_sequence,
     .tp_as_mapping = &mapping_as_mapping,
     .tp_as_buffer = &mapping_as_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
