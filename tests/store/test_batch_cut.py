@@ -8,31 +8,22 @@ from pathlib import Path
 from tidemq.store import record
 from tidemq.store.batch_cut import batch_end
 from tidemq.store.commit_log import CommitLog
-from test_parallel_dispatch import STORE_HOST, two_workers_against_one_thread
-
-BASE_TIME = 1_700_000_000_000
+from test_parallel_dispatch import build_log, iter_records, two_workers_against_one_thread
 
 
 def _log_with_header_shaped_bodies(directory: Path, count: int, lying: set[int], honest: set[int]) -> tuple[CommitLog, list[int]]:
-    """`count` records of 3 queues, bodies of 64 to 213 bytes; the body of record i in `honest` starts with
-    a message magic code and, where a header's PHYSICALOFFSET is, the body's own commit-log
-    offset; in `lying`, with another offset.  Returns the log and the records' offsets."""
-    log = CommitLog(directory / "commitlog", 1 << 20)
-    offsets = []
-    for i in range(count):
-        encoded = record.prepare(
-            topic="t", body=b"BODY%06d" % i + b"." * (54 + i * 37 % 150), queue_id=i % 3,
-            properties_bytes=record.encode_properties({record.PROPERTY_KEYS: f"k{i}"}),
-            store_host=STORE_HOST, born_host=("127.0.0.1", 0), born_timestamp=BASE_TIME + i,
-        )
-        offsets.append(log.append(encoded, i // 3, BASE_TIME + i))
+    """`count` records of 3 queues, bodies of 64 to 213 bytes; the body of record i in `honest`
+    starts with a message magic code and, where a header's PHYSICALOFFSET is, the body's own
+    commit-log offset; in `lying`, with another offset.  Returns the log and the records' offsets."""
+    log, _ = build_log(directory, [("t", i % 3) for i in range(count)], 1 << 20,
+                       body_of=lambda i: b"BODY%06d" % i + b"." * (54 + i * 37 % 150))
     segment = log.segment_for(0)
     for i in honest | lying:
         at = segment.mm.find(b"BODY%06d" % i)
         segment.mm[at : at + 8] = (200).to_bytes(4, "big") + record.MESSAGE_MAGIC_CODE.to_bytes(4, "big", signed=True)
         named = segment.start + at + (0 if i in honest else 1)
         segment.mm[at + 28 : at + 36] = named.to_bytes(8, "big")
-    return log, offsets
+    return log, [r.commit_log_offset for r in iter_records(log)]
 
 
 def test_a_batch_ends_at_the_first_header_past_its_size_that_names_its_own_position(tmp_path):

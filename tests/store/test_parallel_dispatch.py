@@ -35,9 +35,10 @@ STORE_HOST = ("127.0.0.1", 10911)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_log(directory: Path, queues: list[tuple[str, int]], segment_size: int = 16 * 1024) -> tuple[CommitLog, dict]:
+def build_log(directory: Path, queues: list[tuple[str, int]], segment_size: int = 16 * 1024, body_of=None) -> tuple[CommitLog, dict]:
     """A commit log with one record per entry of `queues` (topic, queue id), queue offsets
-    assigned in log order as the store does; every record has a UNIQ_KEY and one KEYS entry."""
+    assigned in log order as the store does; every record has a UNIQ_KEY and one KEYS entry.
+    Record i's body is `body_of(i)` if given."""
     log = CommitLog(directory / "commitlog", segment_size)
     assigned: dict[tuple[str, int], int] = {}
     for i, (topic, queue_id) in enumerate(queues):
@@ -48,7 +49,7 @@ def build_log(directory: Path, queues: list[tuple[str, int]], segment_size: int 
         }
         encoded = record.prepare(
             topic=topic,
-            body=b"body-%d" % i * (1 + i % 4),
+            body=body_of(i) if body_of else b"body-%d" % i * (1 + i % 4),
             queue_id=queue_id,
             properties_bytes=record.encode_properties(properties),
             store_host=STORE_HOST,
