@@ -73,8 +73,11 @@ def map_file_python(path: str, size: int, create: bool):
 
 try:
     from ._queue_file import map_file
+
+    MAPPINGS_HOLD_DESCRIPTORS = False  # a `_queue_file.Mapping` closes its file once it is mapped
 except ImportError:  # optional too: without it, queue files are mapped with Python's mmap module
     map_file = map_file_python
+    MAPPINGS_HOLD_DESCRIPTORS = True  # an `mmap.mmap` keeps a duplicate of the file's descriptor
 
 CRASH_EXIT_CODE = 75  # a worker killed by fault injection (CRASH_ENV in worker_process: tests only)
 SMALL_BATCH = 16  # up to this many records, units are written one at a time

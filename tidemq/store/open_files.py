@@ -8,7 +8,9 @@ stop dispatching with EMFILE ("Too many open files") and could not even be close
   own limit).
 - `mapping_budget(share)` is how many queue-file mappings a cache of them keeps: its share of
   what the soft limit leaves after a reserve for segments, index files, pipes and sockets, and at
-  most 30,000 (`vm.max_map_count` is 65,530 by default).  The store process has two such caches:
+  most 30,000 (`vm.max_map_count` is 65,530 by default).  A cache whose mappings hold no
+  descriptor (`_queue_file.Mapping`: `descriptors=False`) is bounded by the map count alone: its
+  share of the 30,000.  The store process has two such caches:
   its ConsumeQueues' files (`CONSUME_QUEUE_SHARE`: a queue cycled through with more queues than
   mappings would map again on every visit) and the batch builder that dispatches small backlogs
   inline (`INLINE_BUILDER_SHARE`: such a backlog names few queues); a dispatch worker has one.
@@ -50,9 +52,12 @@ def raise_limit() -> int:
     return soft
 
 
-def mapping_budget(share: float) -> int:
+def mapping_budget(share: float, descriptors: bool = True) -> int:
     """How many queue-file mappings a cache holding `share` of this process's open files may
-    keep under its present soft limit."""
+    keep under its present soft limit; of its mappings, when they hold no file descriptor
+    (`descriptors` False)."""
+    if not descriptors:
+        return max(MIN_MAPPINGS, int(MAX_MAPPINGS * share))
     if resource is None:
         return MAX_MAPPINGS
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

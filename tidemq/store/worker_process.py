@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import open_files
+from . import batch_builder, open_files
 from .batch_builder import DIRECT_QUEUES, BatchBuilder
 from .dispatch import QueueKey
 from .dispatch_messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
@@ -68,7 +68,11 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
         return  # the coordinator is gone
     builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file)
     builder.coordinator_pid = os.getppid()
-    builder.max_queue_files = open_files.mapping_budget(share=1.0)  # its only cache of mappings
+    # its only cache of mappings; compiled ones hold no descriptor, so the open-file limit does
+    # not bound them: with 10,000 queues and a limit of 20,000, each of 2 workers stopped mapping
+    # the other's files at 9,872 mappings (half its budget) and handed 128 queues' units over in
+    # every batch
+    builder.max_queue_files = open_files.mapping_budget(1.0, descriptors=batch_builder.MAPPINGS_HOLD_DESCRIPTORS)
     builder.hold_index = True
     builder.owner = owner
     builder.owners = owners
