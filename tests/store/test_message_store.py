@@ -395,7 +395,7 @@ def test_close_on_a_disk_that_will_not_flush_still_stops_everything(tmp_path, wo
     for i in range(50):
         store.put(Message(topic="t", body=b"%d" % i))
     store.dispatcher.start_workers()
-    worker_processes = [w.process for w in store.dispatcher._workers]
+    worker_processes = [w.process for w in store.dispatcher._pool.workers]
 
     def failing_flush():
         raise OSError(5, "Input/output error")

@@ -546,7 +546,7 @@ def test_workers_run_this_tidemq_whatever_the_working_directory_holds(tmp_path, 
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
         assert dispatcher.dispatch_until(log.write_position) == len(layout)
         assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
-        assert all(worker.process.poll() is None for worker in dispatcher._workers)  # none died at import
+        assert all(worker.process.poll() is None for worker in dispatcher._pool.workers)  # none died at import
 
 
 @pytest.mark.parametrize("every_worker", [False, True], ids=["one worker dies once", "every worker dies"])
@@ -586,7 +586,7 @@ def test_a_worker_dying_part_way_through_a_write_is_undone_or_finished_by_its_re
         if point == "append":
             assert dispatcher.worker_appends > 0
         else:
-            assert dispatcher.inline_batches == 0 and all(not worker.handovers for worker in dispatcher._workers)
+            assert dispatcher.inline_batches == 0 and all(not worker.handovers for worker in dispatcher._pool.workers)
 
 
 def _mapped_queues(pid: int) -> set[tuple[str, int]]:
@@ -609,7 +609,7 @@ def test_workers_write_into_the_files_other_workers_made_instead_of_handing_unit
         assert dispatcher.worker_batches >= 4 and dispatcher.inline_batches == 0
         # every batch held queues of both workers; once their files were made, none was handed over
         assert dispatcher.handovers_forwarded < dispatcher.worker_batches
-        mapped = {worker.number: _mapped_queues(worker.pid) for worker in dispatcher._workers}
+        mapped = {worker.number: _mapped_queues(worker.pid) for worker in dispatcher._pool.workers}
         assert sorted(mapped) == [0, 1]
         for number, queues in mapped.items():
             # every queue of its share, and the other's it wrote into

@@ -75,9 +75,9 @@ one slow batch does not leave the other workers idle, and up to 8 × workers not
 batches built while the head waits for its index append do not leave the workers without work.
 Both pipes of a worker hold 1 MB; the coordinator's sends block, a worker's never do without
 reading what comes in (see dispatch_messages), so the two never wait for each other for ever.  The
-coordinator waits for answers on one `select.poll` in which every worker's answer pipe is
-registered once (a replacement's when it starts, a dead worker's taken out before its pipes
-close), and takes in every answer a pipe holds with one read (`dispatch_messages.Channel`); the
+coordinator keeps its workers in a `worker_process.WorkerPool` and waits for answers on its one
+`select.poll`, in which every worker's answer pipe is registered once (a replacement's when it
+starts, a dead worker's taken out before its pipes close), and takes in every answer a pipe holds with one read (`dispatch_messages.Channel`); the
 messages are pickled as their fields, arrays as bytes.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
@@ -103,9 +103,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import select
-import subprocess
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -126,7 +123,7 @@ from .dispatch import (
     reads_keys,
 )
 from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
-from .worker_process import WorkerProcess
+from .worker_process import WorkerPool, WorkerProcess
 from .queue_commit import QueueCommitter
 from .scan import scan
 
@@ -218,9 +215,7 @@ class ParallelDispatcher:
         self._committer = QueueCommitter(queues)
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
-        self._workers: list[WorkerProcess] = []
-        self._poller = select.poll()  # the workers' answer pipes (`_watch`)
-        self._watched: dict[int, WorkerProcess] = {}  # by descriptor
+        self._pool = WorkerPool(workers, str(queues.root), queues.units_per_file, queues.file_sizes, key_index is not None)
         self._builder: BatchBuilder | None = None
         self.inline_batches = 0
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
@@ -350,7 +345,7 @@ class ParallelDispatcher:
         max_outstanding = 1 if inline else OUTSTANDING_PER_WORKER * self.worker_count
         max_unbuilt = UNBUILT_PER_WORKER * max(self.worker_count, 1)
         while (len(self._tasks) < max_outstanding and self._cut_offset < limit
-               and sum(len(worker.tasks) for worker in self._workers) < max_unbuilt):
+               and self._pool.unbuilt() < max_unbuilt):
             backlog = limit - self._cut_offset
             # several batches per worker, so that one slow batch does not idle the others
             size = self.batch_bytes if inline else min(
@@ -382,28 +377,20 @@ class ParallelDispatcher:
 
     # -- workers -------------------------------------------------------------------------------------
 
-    def _start_worker(self, number: int) -> WorkerProcess:
-        return self._watch(WorkerProcess(str(self.queues.root), self.queues.units_per_file, self.queues.file_sizes(),
-                                   self.key_index is not None, number, self.worker_count))
-
     def start_workers(self) -> None:
         """Start the worker processes now rather than on the first large backlog."""
-        if not self._workers and not self._inline_only:
-            self._workers = [self._start_worker(number) for number in range(self.worker_count)]
+        if not self._inline_only and self._pool.start():
             log.info("dispatch: started %d worker processes", self.worker_count)
 
     def wait_ready(self) -> None:
         """Start the workers and wait until each has answered once (benchmarks: keep the
         interpreter start out of the timing)."""
         self.start_workers()
-        for worker in self._workers:
-            worker.conn.send("ping")
-        for worker in self._workers:
-            assert worker.conn.recv() == "pong"
+        self._pool.wait_ready()
 
     def _submit(self, task: BatchTask) -> None:
         self.start_workers()
-        worker = min(self._workers, key=lambda w: len(w.tasks))
+        worker = self._pool.least_busy()
         worker.tasks[task.batch_id] = task
         self.worker_batches += 1
         try:
@@ -412,7 +399,7 @@ class ParallelDispatcher:
             pass  # a dead worker is noticed and replaced by _collect
 
     def worker_pids(self) -> list[int]:
-        return [w.pid for w in self._workers]
+        return self._pool.pids()
 
     def _collect(self) -> list[BatchResult]:
         """Answers that are ready (waiting for at least one if none is)."""
@@ -421,14 +408,12 @@ class ParallelDispatcher:
             return results
         appending = self._asked if self._appending is not None else None
         # one append at a time: the head's
-        if not any(w.tasks or w.handovers or w is appending for w in self._workers):
+        if not self._pool.owes_answers(appending):
             return results
-        # every worker's pipe is registered (`_watch`): one that is not busy has nothing to say,
-        # or says it died, or answers for a batch since dropped (ignored below)
-        watched = self._watched
-        ready = [watched[fd] for fd, _ in self._poller.poll() if fd in watched]
-        for worker in ready:
-            if self._watched.get(worker.conn.read_fd) is not worker:
+        # every worker's pipe is registered (`WorkerPool.ready`): one that is not busy has nothing
+        # to say, or says it died, or answers for a batch since dropped (ignored below)
+        for worker in self._pool.ready():
+            if not self._pool.watching(worker):
                 continue  # replaced meanwhile
             try:
                 messages = worker.conn.take()
@@ -459,19 +444,6 @@ class ParallelDispatcher:
                         results.append(result)
         return results
 
-    def _watch(self, worker: WorkerProcess) -> WorkerProcess:
-        """Register a worker's answers pipe with the poller (once: a `select.poll` kept, not a
-        selector built for each wait)."""
-        self._poller.register(worker.conn.read_fd, select.POLLIN)
-        self._watched[worker.conn.read_fd] = worker
-        return worker
-
-    def _unwatch(self, worker: WorkerProcess) -> None:
-        """Before its pipes are closed (a descriptor's number is soon another's)."""
-        if self._watched.get(worker.conn.read_fd) is worker:
-            del self._watched[worker.conn.read_fd]
-            self._poller.unregister(worker.conn.read_fd)
-
     # -- units handed over between workers -------------------------------------------------------
 
     def _hand_over(self, result: BatchResult) -> bool:
@@ -495,7 +467,7 @@ class ParallelDispatcher:
     def _forward(self, owner: int, batch_id: int, payload: bytes) -> bool:
         """Send units handed over to worker `owner`; True if it was sent (its answer is awaited),
         False if they were written here (that worker is gone: workers have given way)."""
-        worker = next((w for w in self._workers if w.number == owner), None)
+        worker = self._pool.numbered(owner)
         if worker is None:
             self._inline_builder().write_handover(pickle.loads(payload))
             return False
@@ -519,8 +491,7 @@ class ParallelDispatcher:
         return None
 
     def _replace(self, dead: WorkerProcess) -> None:
-        self._unwatch(dead)
-        dead.conn.close()
+        self._pool.retire(dead)
         self._deaths_in_a_row += 1
         # the batches whose index entries died with it are built again, with its unanswered ones
         for batch_id in sorted(b for b, holder in self._holders.items() if holder is dead):
@@ -543,7 +514,7 @@ class ParallelDispatcher:
                     self._deaths_in_a_row, dead.pid, dead.process.returncode,
                 )
             self._inline_only = True
-            self._workers.remove(dead)
+            self._pool.remove(dead)
             for batch_id, payload in sorted(dead.handovers.items()):
                 self._inline_builder().write_handover(pickle.loads(payload))
                 built = self._units_written(batch_id, dead.number)
@@ -556,9 +527,8 @@ class ParallelDispatcher:
             "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
             dead.pid, dead.process.returncode, len(dead.tasks),
         )
-        replacement = self._start_worker(dead.number)
+        replacement = self._pool.replace(dead)
         self.workers_restarted += 1
-        self._workers[self._workers.index(dead)] = replacement
         # the units handed over to it and not yet written first: the head may be waiting for them
         for batch_id, payload in sorted(dead.handovers.items()):
             replacement.handovers[batch_id] = payload
@@ -597,7 +567,7 @@ class ParallelDispatcher:
             # built it, instead of when its answer has come here and the request gone back (by
             # then it is in the middle of its next batch, and the chain of appends, one batch
             # at a time, fell behind 2 workers' builds)
-            builder = next((w for w in self._workers if self._head_id in w.tasks), None)
+            builder = self._pool.building(self._head_id)
             if builder is not None:
                 self._appending = self._head_id
                 self._request_append(self._head_id, self._current_index_path(), builder)
@@ -695,9 +665,7 @@ class ParallelDispatcher:
         self._index_done.clear()
         self._unwritten.clear()
         self._built.clear()
-        for worker in self._workers:
-            worker.tasks.clear()  # their answers, when they come, are ignored
-            worker.handovers.clear()
+        self._pool.forget_batches()  # the workers' answers, when they come, are ignored
         self._head_id = self._next_id
         self._cut_offset = end
         self._stalled = True
@@ -708,21 +676,7 @@ class ParallelDispatcher:
         if self._closed:
             return
         self._closed = True
-        for worker in self._workers:
-            try:
-                worker.conn.send(None)
-            except (OSError, EOFError):
-                pass
-        deadline = time.monotonic() + 5
-        for worker in self._workers:
-            try:
-                worker.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait()
-            self._unwatch(worker)
-            worker.conn.close()
-        self._workers = []
+        self._pool.close()
         if self._builder is not None:
             self._builder.close()
             self._builder = None

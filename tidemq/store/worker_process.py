@@ -10,17 +10,21 @@ It reads the file sizes of the queues whose files are not of the default size (a
 then pickled `BatchTask`s, `IndexAppend` requests and the `UnitsHandover`s of the queues it owns
 (worker OWNER of OWNERS) from READ_FD, and answers `BatchResult`s, `IndexAppended` and
 `UnitsWritten` on WRITE_FD (see dispatch_messages) until it reads None or the pipe closes (its
-coordinator is gone).  Each worker process has its own `BatchBuilder`.
+coordinator is gone).  Each worker process has its own `BatchBuilder`.  The coordinator keeps its
+workers in a `WorkerPool`.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import select
 import subprocess
 import sys
+import time
 from collections import deque
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -249,3 +253,114 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+
+
+class WorkerPool:
+    """The coordinator's `count` worker processes, worker k of them owning the queues `owner_of`
+    gives k: started together (`start`), each answer pipe registered once with one `select.poll`
+    (`ready` waits on it: not a selector built for each wait), a dead one's pipes closed and
+    unregistered (`retire`, before a descriptor's number is another's) and the worker replaced by
+    one of the same number (`replace`) or let go (`remove`), all stopped by `close`.  Ownership:
+    the coordinator's thread alone."""
+
+    def __init__(self, count: int, consume_queue_root: str, units_per_file: int, file_sizes: Callable[[], dict[QueueKey, int]],
+                 index_enabled: bool) -> None:
+        self.count = count
+        self.workers: list[WorkerProcess] = []
+        self._consume_queue_root = consume_queue_root
+        self._units_per_file = units_per_file
+        self._file_sizes = file_sizes  # read as each worker starts: a replacement gets the sizes of now
+        self._index_enabled = index_enabled
+        self._poller = select.poll()
+        self._watched: dict[int, WorkerProcess] = {}  # by the descriptor of its answer pipe
+
+    def start(self) -> bool:
+        """Start the workers unless they are running; True if they were started now."""
+        if self.workers:
+            return False
+        self.workers = [self._start(number) for number in range(self.count)]
+        return True
+
+    def _start(self, number: int) -> WorkerProcess:
+        worker = WorkerProcess(self._consume_queue_root, self._units_per_file, self._file_sizes(), self._index_enabled, number,
+                               self.count)
+        self._poller.register(worker.conn.read_fd, select.POLLIN)
+        self._watched[worker.conn.read_fd] = worker
+        return worker
+
+    def wait_ready(self) -> None:
+        """Wait until each worker has answered once."""
+        for worker in self.workers:
+            worker.conn.send("ping")
+        for worker in self.workers:
+            assert worker.conn.recv() == "pong"
+
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers]
+
+    def least_busy(self) -> WorkerProcess:
+        return min(self.workers, key=lambda w: len(w.tasks))
+
+    def numbered(self, number: int) -> WorkerProcess | None:
+        return next((w for w in self.workers if w.number == number), None)
+
+    def building(self, batch_id: int) -> WorkerProcess | None:
+        return next((w for w in self.workers if batch_id in w.tasks), None)
+
+    def unbuilt(self) -> int:
+        """Batches sent and not answered yet."""
+        return sum(len(w.tasks) for w in self.workers)
+
+    def owes_answers(self, appending: WorkerProcess | None) -> bool:
+        """Whether a worker has something to answer: a batch, units handed over, or the append
+        it was asked for (`appending`)."""
+        return any(w.tasks or w.handovers or w is appending for w in self.workers)
+
+    def ready(self) -> list[WorkerProcess]:
+        """The workers whose answer pipes have something to read (or have closed), waiting for
+        one if none has."""
+        watched = self._watched
+        return [watched[fd] for fd, _ in self._poller.poll() if fd in watched]
+
+    def watching(self, worker: WorkerProcess) -> bool:
+        """False once `worker` is retired (replaced meanwhile)."""
+        return self._watched.get(worker.conn.read_fd) is worker
+
+    def retire(self, worker: WorkerProcess) -> None:
+        """Unregister a worker's answer pipe and close its pipes (it died, or is stopping)."""
+        if self.watching(worker):
+            del self._watched[worker.conn.read_fd]
+            self._poller.unregister(worker.conn.read_fd)
+        worker.conn.close()
+
+    def replace(self, dead: WorkerProcess) -> WorkerProcess:
+        """A new worker of `dead`'s number, in its place (`dead` retired already)."""
+        replacement = self._start(dead.number)
+        self.workers[self.workers.index(dead)] = replacement
+        return replacement
+
+    def remove(self, dead: WorkerProcess) -> None:
+        self.workers.remove(dead)
+
+    def forget_batches(self) -> None:
+        """Forget what every worker was sent (their answers, when they come, are ignored)."""
+        for worker in self.workers:
+            worker.tasks.clear()
+            worker.handovers.clear()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask every worker to stop, wait up to `timeout` seconds for all of them, kill the rest."""
+        for worker in self.workers:
+            try:
+                worker.conn.send(None)
+            except (OSError, EOFError):
+                pass
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            try:
+                worker.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+            self.retire(worker)
+        self.workers = []
