@@ -54,6 +54,9 @@ from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppende
 from .index_file import HEADER, IndexFile
 from .scan import scan
 
+# the copies of all the runs of a batch by one compiled loop: with 10,000 queues the Python loop
+# took 85 of the 193 ms a worker spent building the steady half's batches of bench/dispatch.py,
+# the compiled one 40-45; writing the units handed over went from 32-105 ms to 13-29 a worker
 try:
     from ._dispatch import write_runs as _write_runs
 except ImportError:  # the extension is optional: without it, a Python loop copies the runs

@@ -9,29 +9,17 @@ the store's files through their own mappings:
   the first record header past the target size that names its own position (magic code and
   PHYSICALOFFSET), or at the limit.  Such a header is only a candidate boundary (a body could
   hold those bytes); the worker's walk over the batch confirms it (`batch_cut`).
-- **Queue ownership**: with N workers, worker k owns the queues `batch_builder.owner_of` gives
-  k (CRC-32 of the topic name plus the queue id, modulo N; a worker's replacement owns the
-  same).  Only a queue's owner makes its files; another worker writes a queue's run of units
-  into its file once the owner has made it (and while its mappings are under half their
-  budget), and hands them over to the owner otherwise; except in a batch naming few queues
-  (`batch_builder.DIRECT_QUEUES`: a few busy queues, one hot queue), which the worker building
-  it writes whole: handing those units over cost more than each worker making their few files.
-- A worker (`batch_builder.BatchBuilder`) maps the commit-log segment read-only, decodes the batch
-  with the columnar decoder (`scan`), and writes the ConsumeQueue units of the queues it owns **at
-  their slots** (queue offsets were assigned at append time) through its own mapping of each queue
-  file, creating files as needed (and of the others' queues, see above): a queue's contiguous run
-  of slots in the batch is one copy of a unit array (the copies of all the queues by one compiled
-  loop, `_dispatch.write_runs`, where the extension is built: with 10,000 queues the Python loop
-  took 85 of the 193 ms a worker spent building the steady half's batches, the compiled one 40-45;
-  writing the units handed over went from 32-105 ms to 13-29 a worker).  Worker k of N starts on
-  its queues of a batch k/N of the way through them (ordered by topic), so that two workers
-  meeting new queues at the same time create them in different topics' directories instead of
-  waiting for each other on one.  The units of the queues other workers own that it did not write
-  it packs, per owner, into a `UnitsHandover` (per queue its first slot and count, the units back
-  to back).  For the key index it computes the entries (hash of `topic#key`, commit-log offset,
-  store time) and keeps them.  It answers with, per queue of the batch (its own and the others'),
-  the slots of the batch, how many index entries it holds, where its walk ended (past the blank if
-  one closes the segment), and the handovers, pickled.
+- **Workers** (`batch_builder.BatchBuilder`; its docstring has the details): worker k of N owns
+  the queues `batch_builder.owner_of` gives k (a replacement owns the same) and alone makes their
+  files.  A worker maps the batch's segment read-only, decodes it with the columnar decoder
+  (`scan`), and writes the ConsumeQueue units **at their slots** (queue offsets were assigned at
+  append time) through its own mappings of the queue files, one copy per queue's run of slots
+  (`_dispatch.write_runs`): of its own queues, of another worker's queues whose files are made,
+  and of every queue of a batch naming few (`batch_builder.DIRECT_QUEUES`); the other workers'
+  units it did not write it packs, per owner, into a `UnitsHandover`.  It computes the key-index
+  entries (hash of `topic#key`, commit-log offset, store time) and keeps them.  It answers with,
+  per queue of the batch, the batch's slots, how many index entries it holds, where its walk
+  ended (past the blank if one closes the segment), and the handovers, pickled.
 - The coordinator forwards each handover, unopened, to its owner (`_hand_over`), who writes the
   units (before its next build, or between decoding a batch and writing it) and answers
   `UnitsWritten`.  A batch's answer is complete when its builder has answered and every owner it
