@@ -11,6 +11,7 @@ import pytest
 from tidemq.pipeline.rebuild import rebuild
 from tidemq.store import MessageStore, StoreLockedError
 from tidemq.store.consume_queue import BLANK_UNIT
+from tidemq.store.dispatch import FS_TOPDIR_FL, inode_flags
 
 from pipeline_logs import (
     LONG_TOPIC,
@@ -37,6 +38,9 @@ def test_rebuild_equals_the_dispatchers_files(spark, written_store, tmp_path):
     )
 
     assert_same_files(store / "consumequeue", tmp_path / "out" / "consumequeue")
+    # marked as the store marks its own (where the file system has inode flags)
+    flags = inode_flags(store / "consumequeue")
+    assert inode_flags(tmp_path / "out" / "consumequeue") == flags and (flags is None or flags & FS_TOPDIR_FL)
     indexed = sum(1 for m in messages if m.sysflag & 0xC in (0, 8))
     assert report.entries == indexed
     assert not report.messages

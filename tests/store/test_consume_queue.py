@@ -1,7 +1,6 @@
 """ConsumeQueue files: 20-byte units, file roll-over, ranges, frontier, time search, truncation."""
 
 import ctypes
-import fcntl
 import mmap
 import os
 import struct
@@ -9,7 +8,7 @@ import struct
 import pytest
 
 from tidemq.store.consume_queue import BLANK_UNIT_SIZE, UNIT_SIZE, ConsumeQueue, FrontierTable, file_name, map_queue_file
-from tidemq.store.dispatch import FS_TOPDIR_FL, ConsumeQueueStore, spread_topic_directories
+from tidemq.store.dispatch import FS_TOPDIR_FL, ConsumeQueueStore, inode_flags, spread_topic_directories
 
 
 def test_units_are_rocketmq_bytes_and_files_roll(tmp_path):
@@ -136,32 +135,21 @@ def test_writing_a_new_page_of_a_file_dispatch_made_reads_in_that_page_only(tmp_
     cq.close()
 
 
-def _inode_flags(path) -> int | None:
-    """The directory's ext2/3/4 inode flags, None where its file system has none."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return struct.unpack("i", fcntl.ioctl(fd, 0x80086601, bytes(4)))[0]  # FS_IOC_GETFLAGS
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def test_the_queue_directory_is_marked_so_that_topic_directories_spread(tmp_path):
     """ConsumeQueueStore marks its directory FS_TOPDIR_FL (chattr +T) where the file system has
     inode flags, keeping the others; a directory it cannot mark is used as it is."""
     root = tmp_path / "consumequeue"
     root.mkdir()
-    before = _inode_flags(root)
+    before = inode_flags(root)
     if before is None:
         pytest.skip("the temporary directory's file system has no inode flags")
     assert not before & FS_TOPDIR_FL
     store = ConsumeQueueStore(root)
     store.get_or_create("t", 0).put(0, 100, 10, 0)
     store.close()
-    assert _inode_flags(root) == before | FS_TOPDIR_FL
+    assert inode_flags(root) == before | FS_TOPDIR_FL
     reopened = ConsumeQueueStore(root)
     assert reopened.get("t", 0).max_offset == 1
-    assert _inode_flags(root) == before | FS_TOPDIR_FL
+    assert inode_flags(root) == before | FS_TOPDIR_FL
     reopened.close()
     assert spread_topic_directories(tmp_path / "missing") is False

@@ -36,6 +36,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from ..store import record
 from ..store.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
+from ..store.dispatch import spread_topic_directories
 from ..store.errors import StoreLockedError
 from . import plan as planning
 from .columns import arrow_schema, select_schema
@@ -389,6 +390,7 @@ def rebuild(
         df = df.sortWithinPartitions("topic", "queue_id", "first_offset")
         queues_dir = target / "consumequeue"
         queues_dir.mkdir(exist_ok=True)
+        spread_topic_directories(queues_dir)  # as the store marks its own (the topics' directories spread)
         summary = target / f".summary-{os.getpid()}.json"
         spark.dataSource.register(ConsumeQueueSink)
         try:
