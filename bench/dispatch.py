@@ -138,13 +138,15 @@ def _machine_busy_seconds() -> float:
 
 # workers -> [worker CPU seconds, coordinator CPU seconds, CPU seconds of other processes, wall seconds] summed
 CPU_USED: dict[int, list[float]] = {}
+# (layout, workers) -> per build, per part: (CPU seconds of the workers, of the coordinator)
+PART_CPU: dict[tuple[str, int], list[tuple[tuple[float, float], tuple[float, float]]]] = {}
 
 
-def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, float, int]:
+def build(log: CommitLog, out: Path, workers: int, middle: int, layout: str = "") -> tuple[float, float, int]:
     """Dispatch the log into empty indexes in two timed parts, [start, middle) — which creates
     every queue's files — and [middle, end) — the steady state, files in place; workers 0 = on
-    this thread alone.  Returns (seconds first part, seconds second part, entries).  `out`
-    is left in place: see `throughput`."""
+    this thread alone.  Returns (seconds first part, seconds second part, entries); the CPU time
+    of each part goes to PART_CPU[layout, workers].  `out` is left in place: see `throughput`."""
     shutil.rmtree(out, ignore_errors=True)
     queues = ConsumeQueueStore(out / "consumequeue", UNITS)
     index = KeyIndex(out / "index", INDEX_SLOTS, INDEX_ENTRIES)
@@ -162,11 +164,15 @@ def build(log: CommitLog, out: Path, workers: int, middle: int) -> tuple[float, 
     start = time.perf_counter()
     entries = dispatcher.dispatch_until(middle)
     first = time.perf_counter() - start
+    cpu_middle = sum(_cpu_seconds(p) for p in pids)
+    own_middle = time.process_time()
     start = time.perf_counter()
     entries += dispatcher.dispatch_until(log.write_position)
     second = time.perf_counter() - start
     worker_cpu = sum(_cpu_seconds(p) for p in pids) - cpu_before
     own_cpu = time.process_time() - own_before
+    PART_CPU.setdefault((layout, workers), []).append(
+        ((cpu_middle - cpu_before, own_middle - own_before), (worker_cpu - cpu_middle + cpu_before, own_cpu - own_middle + own_before)))
     used = CPU_USED.setdefault(workers, [0.0, 0.0, 0.0, 0.0])
     used[0] += worker_cpu
     used[1] += own_cpu
@@ -192,7 +198,9 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print("   over the rounds of N workers' rate against 1 worker's in the same round (one round's builds run")
     print("   back to back: a slow spell of the machine hits both sides of a pair).  'machine' is the median")
     print(f"   over the same rounds of what {workers} plain CPU-bound processes get done against one (measured")
-    print("   after each round's builds): the most any parallel work could reach on this machine then.")
+    print("   after each round's builds): the most any parallel work could reach on this machine then.  The work")
+    print("   line under each layout gives the CPU time its parts took: N workers reach N/1 only where they do")
+    print("   no more work than 1, and their coordinator shares their cores (1 worker's has a core to itself).")
     header = (f"   {'layout':<15}{'part':<8}{'thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
               f"{'paired':>9}{'machine':>9}")
     print(header)
@@ -218,7 +226,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
                 # works on freed blocks after the delete, which took CPU from the next build (from
                 # 2 workers' more than from 1 worker's, who leaves a core idle)
                 out = root / f"out-{tag}-{n}-{w}"
-                first, second, entries = build(log, out, w, middle)
+                first, second, entries = build(log, out, w, middle, name)
                 assert entries == 2 * count, (entries, count)
                 best = rates.get(w, (0.0, 0.0))
                 rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second))
@@ -232,6 +240,13 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
             paired = statistics.median(p[i] for p in pairs)
             print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
                   f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x")
+        work = {}  # part -> per worker count, median CPU-s of the workers and of the coordinator
+        for part, i in (("files", 0), ("steady", 1)):
+            work[part] = ", ".join(
+                f"{statistics.median(b[i][0] for b in PART_CPU[name, w]):.2f} + {statistics.median(b[i][1] for b in PART_CPU[name, w]):.2f}"
+                f" ({w} worker{'s' if w > 1 else ''})" for w in (1, workers))
+        print(f"   {'':<15}(work, median CPU-s of the workers + the coordinator: files {work['files']};")
+        print(f"   {'':<15}steady {work['steady']})")
         if file_system:
             one, many = statistics.median(t[0] for t in file_system), statistics.median(t[1] for t in file_system)
             print(f"   {'':<15}(creating the 10,000 queues' directories and files alone, after each round: 1 process")
