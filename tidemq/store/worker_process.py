@@ -254,7 +254,6 @@ class WorkerProcess:
         return self.process.poll() is None
 
 
-
 class WorkerPool:
     """The coordinator's `count` worker processes, worker k of them owning the queues `owner_of`
     gives k: started together (`start`), each answer pipe registered once with one `select.poll`
