@@ -126,7 +126,7 @@ def test_writing_a_new_page_of_a_file_dispatch_made_reads_in_that_page_only(tmp_
     made = map_queue_file(str(path), units * UNIT_SIZE)
     made[:UNIT_SIZE] = struct.pack(">qiq", 0, 100, 0)
     made.close()
-    cq = ConsumeQueue.adopted(tmp_path, "t", 0, units, FrontierTable(), 0, 1)
+    cq = ConsumeQueue.adopted_many(tmp_path, units, FrontierTable(), [("t", 0)], [0], [1])[0]
     slot = 10 * mmap.PAGESIZE // UNIT_SIZE + 3  # on page 10
     cq.mapping_of(0)[slot * UNIT_SIZE : (slot + 1) * UNIT_SIZE] = struct.pack(">qiq", 100, 100, 0)
     resident = _resident_pages(path)

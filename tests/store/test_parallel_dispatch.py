@@ -278,7 +278,7 @@ def test_a_new_queue_is_adopted_at_its_first_slot_and_later_files_mapped_when_co
 
 
 def test_a_new_queue_adopted_in_one_step_equals_one_adopted_and_committed(tmp_path):
-    """`ConsumeQueue.adopted` (the coordinator's step for a new queue starting a file) leaves
+    """`ConsumeQueue.adopted_many` (the coordinator's step for new queues starting a file) leaves
     the queue and its frontier-table row as `adopt_files` + `commit_range` do."""
     log, _ = build_log(tmp_path / "log", [("new", 0)] * 5)
     builder = BatchBuilder(str(tmp_path / "cq"), 32, False)
@@ -289,7 +289,7 @@ def test_a_new_queue_adopted_in_one_step_equals_one_adopted_and_committed(tmp_pa
     stepwise = ConsumeQueue(tmp_path / "cq", "new", 0, 32, load=False, table=cqs.frontiers)
     stepwise.adopt_files(32)
     assert stepwise.commit_range(32, 37)
-    adopted = ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 32, 37)
+    adopted = ConsumeQueue.adopted_many(tmp_path / "cq", 32, cqs.frontiers, [("new", 0)], [32], [37])[0]
     for cq in (stepwise, adopted):
         row = cq.row
         assert (cq.commit_frontier, cq.min_offset, cq.max_offset) == (37, 32, 37)
@@ -299,15 +299,15 @@ def test_a_new_queue_adopted_in_one_step_equals_one_adopted_and_committed(tmp_pa
             (32 + i, phys, size) for i, (phys, size, _) in enumerate(units)]
         cq.close()
     with pytest.raises(ValueError):  # not at the start of a file
-        ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 33, 37)
+        ConsumeQueue.adopted_many(tmp_path / "cq", 32, cqs.frontiers, [("new", 0)], [33], [37])[0]
     with pytest.raises(ValueError):  # past its first file
-        ConsumeQueue.adopted(tmp_path / "cq", "new", 0, 32, cqs.frontiers, 32, 65)
+        ConsumeQueue.adopted_many(tmp_path / "cq", 32, cqs.frontiers, [("new", 0)], [32], [65])[0]
     cqs.close()
 
 
 def test_new_queues_adopted_together_take_consecutive_rows_set_as_one_by_one(tmp_path):
     table = FrontierTable(4)  # grown part way through
-    single = ConsumeQueue.adopted(tmp_path, "a", 0, 32, table, 0, 3)
+    single = ConsumeQueue.adopted_many(tmp_path, 32, table, [("a", 0)], [0], [3])[0]
     keys, firsts, ends = [("a", 1), ("b", 0), ("b", 7), ("c", 2), ("c", 3)], [0, 32, 64, 0, 96], [5, 33, 96, 1, 100]
     many = ConsumeQueue.adopted_many(tmp_path, 32, table, keys, firsts, ends)
     assert [cq.row for cq in many] == [1, 2, 3, 4, 5] and table.size == 6

@@ -465,22 +465,15 @@ class ConsumeQueue:
         self._start_at(first_offset)
 
     @classmethod
-    def adopted(cls, root: Path, topic: str, queue_id: int, units_per_file: int, table: FrontierTable, first_offset: int,
-                end: int) -> "ConsumeQueue":
-        """A new queue whose file starting at `first_offset` parallel-dispatch workers made, its
-        slots [first_offset, end) written and now committed: what `ConsumeQueue(load=False)`,
-        `adopt_files(first_offset)` and `commit_range(first_offset, end)` make, in one step (a
-        batch may bring 10,000 new queues)."""
-        return cls.adopted_many(root, units_per_file, table, [(topic, queue_id)], [first_offset], [end])[0]
-
-    @classmethod
     def adopted_many(cls, root: Path, units_per_file: int, table: FrontierTable, keys: Sequence[tuple[str, int]],
                      firsts: Sequence[int], ends: Sequence[int]) -> list["ConsumeQueue"]:
-        """`adopted` for the new queues `keys`, queue i's slots [firsts[i], ends[i]) committed:
-        their rows of `table` taken together and their frontiers and file ends set with one
-        NumPy assignment each, so that each queue costs the dispatch thread its objects only
-        (committing a batch that starts 10,000 queues took 53-101 ms instead of 58-122 ms one by
-        one; making the objects is most of what is left)."""
+        """New queues whose files starting at `firsts` parallel-dispatch workers made, queue i's
+        slots [firsts[i], ends[i]) written and now committed: what `ConsumeQueue(load=False)`,
+        `adopt_files(first)` and `commit_range(first, end)` make of each, in one step (a batch may
+        bring 10,000 new queues).  Their rows of `table` are taken together and their frontiers
+        and file ends set with one NumPy assignment each, so that each queue costs the dispatch
+        thread its objects only (committing a batch that starts 10,000 queues took 53-101 ms
+        instead of 58-122 ms one by one; making the objects is most of what is left)."""
         for (topic, queue_id), first, end in zip(keys, firsts, ends):
             if first % units_per_file or not first < end <= first + units_per_file:
                 raise ValueError(f"{topic}/{queue_id}: slots [{first}, {end}) are not in one file starting at the first")
