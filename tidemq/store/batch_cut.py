@@ -19,7 +19,10 @@ from .scan import MIN_RECORD_SIZE
 
 _SIZE_MAGIC = struct.Struct(">ii")
 _MESSAGE_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
-_MAGIC_PREFIX = b"\xda\xa3\x20"  # the first three bytes of both message magic codes
+_MAGIC_BYTES = [struct.pack(">i", magic) for magic in _MESSAGE_MAGICS]
+_MAGIC_PREFIX = _MAGIC_BYTES[0][:3]  # the first three bytes, which both message magic codes share
+_MAGIC_LAST = {magic[3] for magic in _MAGIC_BYTES}
+assert all(magic[:3] == _MAGIC_PREFIX for magic in _MAGIC_BYTES)
 _I64 = struct.Struct(">q")
 
 
@@ -34,7 +37,7 @@ def record_after(mm, base: int, pos: int, stop: int) -> int | None:
         if at < 0:
             return None
         start = at - 4
-        if start + 36 <= stop and mm[at + 3] in (0xA7, 0xAB) and _I64.unpack_from(mm, start + 28)[0] == base + start:
+        if start + 36 <= stop and mm[at + 3] in _MAGIC_LAST and _I64.unpack_from(mm, start + 28)[0] == base + start:
             return start
         pos = start + 1
 
