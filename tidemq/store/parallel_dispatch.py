@@ -46,10 +46,10 @@ Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordi
 the same `BatchBuilder`, owning every queue, so an idle store starts no process and a trickle pays
 no IPC; with 0 workers (the store's `dispatch_workers = 0`) every batch is, one `batch_bytes`
 batch at a time.  That builder writes the queues the store already has through their
-`ConsumeQueue` mappings (`batch_builder.ThreadBuilder`).  Workers start on first need (fresh interpreters,
-`python -P -m tidemq.store.dispatch_worker`: the threaded store process is never forked) and are
-replaced if one dies: its replacement (same number, same queues) is sent the units handed over to
-it and not yet written, then its unanswered batches, which are built again (rewriting the same
+`ConsumeQueue` mappings (`batch_builder.ThreadBuilder`).  Workers start on first need (fresh
+interpreters, `python -P -m tidemq.store.dispatch_worker`: the threaded store process is never
+forked) and are replaced if one dies: its replacement (same number, same queues) is sent the
+units handed over to it and not yet written, then its unanswered batches, which are built again (rewriting the same
 bytes); so are the batches whose index entries it held (only the first answer's handovers of a
 batch are forwarded: a second build hands over the same units); if it died while appending, the
 index is first cut back to the batch's first record (`KeyIndex.truncate`, which also clears
@@ -65,8 +65,9 @@ Both pipes of a worker hold 1 MB; the coordinator's sends block, a worker's neve
 reading what comes in (see dispatch_messages), so the two never wait for each other for ever.  The
 coordinator keeps its workers in a `worker_process.WorkerPool` and waits for answers on its one
 `select.poll`, in which every worker's answer pipe is registered once (a replacement's when it
-starts, a dead worker's taken out before its pipes close), and takes in every answer a pipe holds with one read (`dispatch_messages.Channel`); the
-messages are pickled as their fields, arrays as bytes.
+starts, a dead worker's taken out before its pipes close), and takes in every answer a pipe holds
+with one read (`dispatch_messages.Channel`); the messages are pickled as their fields, arrays as
+bytes.
 
 Crashes: the checkpoint's confirm offset is `dispatched_offset`, so after an abnormal exit recovery
 (which redispatches with this dispatcher too) restarts at or below the oldest unfinished batch even

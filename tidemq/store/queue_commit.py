@@ -116,8 +116,7 @@ class QueueCommitter:
             if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
                 changes[key] = cq.commit_frontier
             if row != cq.row and cq.table is table:
-                self._code_of[code] = cq.row
-                self._row_keys[cq.row] = key
+                self._register(code, cq.row, key)
                 registered = True
         if fresh:
             keys, codes, firsts, ends = zip(*fresh)
@@ -125,14 +124,19 @@ class QueueCommitter:
             for key, code, end, cq in zip(keys, codes, ends, adopted):
                 queues[key] = cq
                 changes[key] = end
-                self._code_of[code] = cq.row
-                self._row_keys[cq.row] = key
+                self._register(code, cq.row, key)
             registered = True
         if registered:
             self._codes = np.fromiter(self._code_of.keys(), dtype=np.int64, count=len(self._code_of))
             self._code_rows = np.fromiter(self._code_of.values(), dtype=np.int64, count=len(self._code_of))
             order = np.argsort(self._codes)
             self._codes, self._code_rows = self._codes[order], self._code_rows[order]
+
+    def _register(self, code: int, row: int, key: QueueKey) -> None:
+        """The queue `key` (topic number << 32 | queue id: `code`) has frontier-table row `row`;
+        `_codes` is sorted again after the batch's registrations."""
+        self._code_of[code] = row
+        self._row_keys[row] = key
 
     def _topic_number(self, topic: str) -> int:
         number = self._topic_numbers.get(topic)
