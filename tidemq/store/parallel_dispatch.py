@@ -44,18 +44,18 @@ the store's files through their own mappings:
 
 Small backlogs (under `inline_bytes`, nothing in flight) are built in the coordinator itself with
 the same `BatchBuilder`, owning every queue, so an idle store starts no process and a trickle pays
-no IPC; with 0 workers (the store's `dispatch_workers = 0`) every batch is, one `batch_bytes`
-batch at a time.  That builder writes the queues the store already has through their
-`ConsumeQueue` mappings (`batch_builder.ThreadBuilder`).  Workers start on first need (fresh
-interpreters, `python -P -m tidemq.store.dispatch_worker`: the threaded store process is never
-forked) and are replaced if one dies: its replacement (same number, same queues) is sent the
-units handed over to it and not yet written, then its unanswered batches, which are built again (rewriting the same
+no IPC; with 0 workers (the store's `dispatch_workers = 0`) every batch is, one `batch_bytes` batch
+at a time.  That builder writes the queues the store already has through their `ConsumeQueue`
+mappings (`batch_builder.ThreadBuilder`).  Workers start on first need (fresh interpreters,
+`python -P -m tidemq.store.dispatch_worker`: the threaded store process is never forked) and are
+replaced if one dies: its replacement (same number, same queues) is sent the units handed over to
+it and not yet written, then its unanswered batches, which are built again (rewriting the same
 bytes); so are the batches whose index entries it held (only the first answer's handovers of a
 batch are forwarded: a second build hands over the same units); if it died while appending, the
-index is first cut back to the batch's first record (`KeyIndex.truncate`, which also clears
-entries written past the header's count).  When workers die too often, the coordinator builds
-every batch itself and writes the units handed over to a worker it gave up.  A worker whose
-coordinator died stops before writing a batch, handed-over units, or to the index.
+index is first cut back to the batch's first record (`KeyIndex.truncate`, which also clears entries
+written past the header's count).  When workers die too often, the coordinator builds every batch
+itself and writes the units handed over to a worker it gave up.  A worker whose coordinator died
+stops before writing a batch, handed-over units, or to the index.
 
 Batches are backlog / (4 × workers), between `MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
 small beside its records) and `batch_bytes`, with up to 3 × workers sent and not answered, so that
