@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,6 +100,28 @@ def test_appends_of_any_size_write_the_bytes_of_one_append(tmp_path_factory, ent
             files.append(f)
     for f in files[1:]:
         assert bytes(f.mm) == bytes(files[0].mm)
+    for f in files:
+        f.close()
+
+
+@pytest.mark.parametrize("slots", [5_003, (1 << 24) + 3])  # the compiled loop sorts keys by slot in 2 and 3 passes
+def test_appends_to_many_slots_write_the_same_bytes_compiled_or_with_numpy(tmp_path, slots):
+    rng = np.random.default_rng(slots)
+    # keys sharing slots (chains within one append and across appends), and spread over all
+    hashes = np.concatenate([rng.integers(0, 50, 3000) * slots + rng.integers(0, 40, 3000), rng.integers(0, 2**31 - 1, 3000)])
+    hashes = rng.permutation(hashes % 2**31)
+    phys = np.arange(len(hashes), dtype=np.int64) * 100 + 100
+    times = BASE_TS + np.arange(len(hashes), dtype=np.int64) * 7
+    files = []
+    for name, compiled in (("numpy", False), ("compiled", True)):
+        with _compiled_appends(compiled):
+            f = IndexFile(tmp_path / name, hash_slots=slots, max_entries=len(hashes) + 1, create=True)
+            for part in np.array_split(np.arange(len(hashes)), 3):
+                assert f.append(hashes[part], phys[part], times[part]) == len(part)
+            files.append(f)
+    assert bytes(files[0].mm) == bytes(files[1].mm)
+    chained = files[1].entries["prev"]
+    assert (chained[1:] > 0).sum() > 2000  # many keys were linked to an earlier one
     for f in files:
         f.close()
 
