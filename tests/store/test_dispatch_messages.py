@@ -176,8 +176,9 @@ def test_workers_hand_no_units_over_for_few_queues_and_build_the_same_files(tmp_
 
 def _write_random_groups(root, seed: int) -> list[int]:
     """Units of 60 queue runs, whole or scattered, in random order, over 2 topics x 3 queues with
-    7 slots a file (5 for one queue), through a builder keeping at most 3 files mapped, which finds
-    no file for queue ("b", 2) past its first; returns the groups left unwritten."""
+    7 slots a file (5 for one queue), in two calls, through a builder keeping at most 3 files
+    mapped, which finds no file for queue ("b", 2) past its first; returns the groups left
+    unwritten."""
     rng = random.Random(seed)
     builder = BatchBuilder(str(root), 7, False, units_per_file={("b", 1): 5})
     builder.max_queue_files = 3  # mappings are dropped part way through, some while a run spans files
@@ -210,8 +211,14 @@ def _write_random_groups(root, seed: int) -> list[int]:
     def open_file(topic, queue_id, file_start, upf):
         return None if (topic, queue_id) == ("b", 2) and file_start else builder._queue_file(topic, queue_id, file_start, upf)
 
-    unwritten = builder._write_groups(["a", "b"], order, np.array(tids), np.array(qids), np.array(firsts), stops - counts, stops,
-                                      np.array(whole), np.array(slots), units, memoryview(units.tobytes()), open_file)
+    # in two calls, as two batches would, the second naming the topics the other way round (a
+    # batch's topic ids are its own: the compiled loop's cache of mappings must not mix them up)
+    unwritten = []
+    tids = np.array(tids)
+    for part, names in ((order[: len(order) // 2], ["a", "b"]), (order[len(order) // 2 :], ["b", "a"])):
+        unwritten += builder._write_groups(names, part, tids if names[0] == "a" else 1 - tids, np.array(qids), np.array(firsts),
+                                           stops - counts, stops, np.array(whole), np.array(slots), units, memoryview(units.tobytes()),
+                                           open_file)
     builder.close()
     return sorted(unwritten)
 
@@ -234,6 +241,51 @@ def test_builders_mapping_their_files_compiled_or_with_mmap_write_the_same_files
     monkeypatch.setattr(batch_builder, "map_file", batch_builder.map_file_python)
     assert _write_random_groups(tmp_path / "python", seed) == unwritten
     assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
+
+
+@pytest.mark.skipif(batch_builder._RunCache is None, reason="the compiled extension is not built")
+def test_the_compiled_loops_cache_of_mappings_follows_topics_by_name_and_lets_the_builder_close_them(tmp_path):
+    """The compiled loop keeps the files it writes mapped in a RunCache by topic, queue and file:
+    the topics by name, whatever ids a batch gives them, also after the builder closed its
+    mappings in the middle of a call (its budget) and the cache was cleared."""
+    builder = BatchBuilder(str(tmp_path), 4, False)
+    builder.max_queue_files = 2
+
+    def write(names, rows, fill):
+        rows = np.array(rows, np.int64)  # (topic id, queue id, first slot), one unit each
+        units = np.array([fill] * len(rows), UNIT_DTYPE)
+        starts = np.arange(len(rows))
+        unwritten = builder._write_groups(names, starts, rows[:, 0], rows[:, 1], rows[:, 2], starts, starts + 1,
+                                          np.ones(len(rows), bool), None, units, memoryview(units.tobytes()))
+        assert unwritten == []
+
+    write(["a", "b"], [(0, 0, 0), (1, 0, 0), (0, 1, 0)], (1, 1, 1))  # the third file closes the first two
+    assert len(builder._run_cache) == len(builder._files) == 1  # ("a", 1): kept, and cached
+    write(["b", "a"], [(0, 1, 1), (1, 1, 1)], (2, 2, 2))  # ("b", 1) is topic 0 now, ("a", 1) topic 1
+    builder.close_queue_files()  # releases the cache's hold first: no BufferError
+    assert len(builder._run_cache) == 0
+    written = {(topic, queue_id): np.fromfile(tmp_path / topic / str(queue_id) / "00000000000000000000", UNIT_DTYPE)["offset"][:2].tolist()
+               for topic in "ab" for queue_id in (0, 1)}
+    assert written == {("a", 0): [1, 0], ("b", 0): [1, 0], ("a", 1): [1, 2], ("b", 1): [0, 2]}
+    builder.close()
+
+
+@pytest.mark.skipif(batch_builder._RunCache is None, reason="the compiled extension is not built")
+def test_the_compiled_loop_does_not_hold_a_mapping_the_builder_does_not_keep(tmp_path):
+    """A file open_file maps without keeping it in the builder's `files` (the inline builder's
+    ConsumeQueue mappings) is written through and let go: its owner can close it at once."""
+    cache = batch_builder._RunCache()
+    files = {}
+    outside = mmap.mmap(-1, 80)
+
+    def open_file(topic, queue_id, file_start, upf):
+        return outside
+
+    for _ in range(2):
+        assert batch_builder._write_runs(files, ["a"], {}, 4, np.array([[0, 0, 1, 0, 2]], np.int64), bytes(range(40)), open_file, cache) == []
+    assert len(cache) == 0
+    assert outside[20:60] == bytes(range(40))
+    outside.close()  # no buffer of it is exported
 
 
 @pytest.mark.skipif(batch_builder._write_runs is None, reason="the compiled extension is not built")

@@ -58,9 +58,10 @@ from .scan import scan
 # took 85 of the 193 ms a worker spent building the steady half's batches of bench/dispatch.py,
 # the compiled one 40-45; writing the units handed over went from 32-105 ms to 13-29 a worker
 try:
+    from ._dispatch import RunCache as _RunCache
     from ._dispatch import write_runs as _write_runs
 except ImportError:  # the extension is optional: without it, a Python loop copies the runs
-    _write_runs = None
+    _RunCache = _write_runs = None
 
 
 def map_file_python(path: str, size: int, create: bool):
@@ -137,6 +138,9 @@ class BatchBuilder:
         # hold no descriptor, or without the extension `mmap.mmap`s, each holding an open file
         # (open_files); all are closed at the budget
         self._files: dict[tuple[str, int, int], object] = {}
+        # their addresses for the compiled copy loop, with their buffers exported: cleared before
+        # they are closed
+        self._run_cache = _RunCache() if _RunCache is not None else None
         self.max_queue_files = open_files.mapping_budget(open_files.INLINE_BUILDER_SHARE)
         self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
@@ -360,7 +364,8 @@ class BatchBuilder:
                 table = np.empty((len(runs), 5), np.int64)
                 for column, values in enumerate((topic_ids, queue_ids, firsts, starts, stops)):
                     table[:, column] = values[runs]
-                skipped = _write_runs(self._files, names, self._units_per_file, self.default_units_per_file, table, unit_bytes, open_file)
+                skipped = _write_runs(self._files, names, self._units_per_file, self.default_units_per_file, table, unit_bytes, open_file,
+                                      self._run_cache)
                 unwritten = runs[skipped].tolist() if skipped else []
             order = order[~whole[order]]
         files = self._files
@@ -488,6 +493,8 @@ class BatchBuilder:
                     os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
 
     def close_queue_files(self) -> None:
+        if self._run_cache is not None:
+            self._run_cache.clear()
         for mm in self._files.values():
             mm.close()
         self._files.clear()
