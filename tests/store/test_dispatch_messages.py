@@ -288,6 +288,32 @@ def test_the_compiled_loop_does_not_hold_a_mapping_the_builder_does_not_keep(tmp
     outside.close()  # no buffer of it is exported
 
 
+@pytest.mark.skipif(batch_builder._RunCache is None, reason="the compiled extension is not built")
+def test_the_compiled_loop_writes_every_run_before_the_one_that_does_not_fit(tmp_path):
+    """Runs into cached files are copied several at a time, after their targets are looked up:
+    a run that does not fit still raises with every run before it written."""
+    cache = batch_builder._RunCache()
+    files = {("a", queue_id, 0): mmap.mmap(-1, 80) for queue_id in range(70)}  # 4 slots each
+
+    def open_file(*args):
+        raise AssertionError(f"no file should be opened: {args}")
+
+    def rows(first):
+        return [[0, queue_id, first, queue_id, queue_id + 1] for queue_id in range(70)]
+
+    units = bytes(range(70)) * 20  # unit i: 20 bytes starting at byte i of the cycle
+    assert batch_builder._write_runs(files, ["a"], {}, 8, np.array(rows(0), np.int64), units, open_file, cache) == []
+    assert len(cache) == 70
+    with pytest.raises(ValueError, match="past the end"):  # slot 4 of a file said to hold 8 slots is past its 4
+        batch_builder._write_runs(files, ["a"], {}, 8, np.array(rows(1) + [[0, 3, 4, 0, 1]], np.int64), units, open_file, cache)
+    for queue_id, mm in files.items():
+        unit = units[queue_id[1] * 20 : queue_id[1] * 20 + 20]
+        assert mm[:40] == unit + unit, queue_id
+    cache.clear()
+    for mm in files.values():
+        mm.close()
+
+
 @pytest.mark.skipif(batch_builder._write_runs is None, reason="the compiled extension is not built")
 def test_compiled_runs_refuse_groups_that_do_not_fit(tmp_path):
     units = bytes(40)
