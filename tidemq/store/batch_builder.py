@@ -298,9 +298,7 @@ class BatchBuilder:
         rows = queue_rows(columns)
         if not len(rows):
             return QueueRuns.empty(), []
-        rows, bounds, slots, units = group_by_queue(columns, rows)
-        starts = np.array([0] + bounds, dtype=np.int64)
-        stops = np.array(bounds + [len(rows)], dtype=np.int64)
+        rows, starts, stops, slots, units = group_by_queue(columns, rows)
         # a group is one contiguous run when no slot inside it breaks the +1 sequence
         breaks = np.zeros(len(rows), dtype=np.int64)
         breaks[1:] = np.cumsum(slots[1:] != slots[:-1] + 1)

@@ -148,20 +148,22 @@ def queue_codes(columns: RecordColumns, rows: np.ndarray) -> np.ndarray:
     return (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
 
 
-def group_by_queue(columns: RecordColumns, rows: np.ndarray) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray]:
+def group_by_queue(columns: RecordColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`rows` of a columnar batch grouped by queue (`queue_codes` order; log order within a
-    queue): the rows in that order, where each group after the first starts, each row's slot
-    (queue offset) and its ConsumeQueue unit (UNIT_DTYPE)."""
+    queue): the rows in that order, where each group starts and where it stops (int64 arrays),
+    each row's slot (queue offset) and its ConsumeQueue unit (UNIT_DTYPE)."""
     queue_keys = queue_codes(columns, rows)
     order = np.argsort(queue_keys, kind="stable")
     rows = rows[order]
     sorted_keys = queue_keys[order]
-    bounds = (np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1).tolist()
+    bounds = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
+    starts = np.concatenate((np.zeros(1, np.int64), bounds))
+    stops = np.concatenate((bounds, np.array([len(rows)], np.int64)))
     units = np.empty(len(rows), dtype=UNIT_DTYPE)
     units["offset"] = columns.offsets[rows]
     units["size"] = columns.sizes[rows]
     units["tags_code"] = columns.tags_codes[rows]
-    return rows, bounds, columns.queue_offsets[rows], units
+    return rows, starts, stops, columns.queue_offsets[rows], units
 
 
 def notify_listeners(listeners: list[ArrivalListener], changes: dict[QueueKey, int]) -> None:
@@ -316,7 +318,7 @@ class ConsumeQueueStore:
         rows = queue_rows(columns)
         if not len(rows):
             return
-        rows, bounds, slots, units = group_by_queue(columns, rows)
+        rows, starts, stops, slots, units = group_by_queue(columns, rows)
         names = columns.topic_names
         topic_ids = columns.topic_ids[rows].tolist()
         queue_ids = columns.queue_ids[rows].tolist()
@@ -324,7 +326,7 @@ class ConsumeQueueStore:
         queues = self.queues
         last_row = -1
         bulk = self.BULK_UNITS
-        for start, stop in zip([0] + bounds, bounds + [len(rows)]):
+        for start, stop in zip(starts.tolist(), stops.tolist()):
             key = (names[topic_ids[start]], queue_ids[start])
             cq = queues.get(key)
             if cq is None:
