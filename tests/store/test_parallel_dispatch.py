@@ -153,9 +153,9 @@ class ScriptedDispatcher(ParallelDispatcher):
         self.pending.append((("units", owner, batch_id, payload), None))
         return True
 
-    def _request_append(self, batch_id, path) -> None:
-        assert self._appending == batch_id and path == self._current_index_path()
-        request = IndexAppend(batch_id, path, self.key_index.indexed_until)
+    def _send_append(self, worker, request) -> None:
+        assert self._appends.appending == request.batch_id and request.path == self._appends.current_path()
+        assert request.skip_below == self.key_index.indexed_until
         self.pending.append((request, None))
 
     def _collect(self):
@@ -172,14 +172,14 @@ class ScriptedDispatcher(ParallelDispatcher):
             elif type(task) is tuple:
                 _, owner, batch_id, payload = task
                 self.builders[owner].write_handover(pickle.loads(payload))
-                built = self._units_written(batch_id, owner)
+                built = self._handovers.written(batch_id, owner)
                 if built is not None:
                     answers.append(built)
             else:
                 result = early if early is not None else self.built_by[task.batch_id].build(task)
                 if result.index_held:
-                    self._holders[result.batch_id] = None
-                if self._hand_over(result):
+                    self._appends.holders[result.batch_id] = None
+                if self._handovers.hand_over(result):
                     answers.append(result)
         return answers
 

@@ -20,18 +20,13 @@ the store's files through their own mappings:
   entries (hash of `topic#key`, commit-log offset, store time) and keeps them.  It answers with,
   per queue of the batch, the batch's slots, how many index entries it holds, where its walk
   ended (past the blank if one closes the segment), and the handovers, pickled.
-- The coordinator forwards each handover, unopened, to its owner (`_hand_over`), who writes the
-  units (before its next build, or between decoding a batch and writing it) and answers
-  `UnitsWritten`.  A batch's answer is complete when its builder has answered and every owner it
-  handed units to has written them; until then it waits (`_built`).
+- The coordinator forwards each handover, unopened, to its owner, who writes the units and
+  answers `UnitsWritten`; a batch's answer is complete when every owner it handed units to has
+  written them (`handovers`).
 - Complete answers arrive in any order; the coordinator processes them strictly in batch order.
   When a batch becomes the head, the worker building it (or holding its entries) is asked to
-  append its index entries to the newest index file (`IndexAppend`: a worker answers append
-  requests before its next build, and appends a batch it was asked for as it finishes building it,
-  so that the chain of appends keeps up with the builds), and nothing else is appended until it
-  answers: one append at a time, in log order, so the index files are those the single thread
-  writes, while the coordinator itself does no per-entry work.  When a file fills, the coordinator
-  creates the next (it alone creates index files) and asks again.  Then a batch whose walk ended
+  append its index entries to the newest index file, and nothing else is appended until it
+  answers (`index_appends`: one append at a time, in log order).  Then a batch whose walk ended
   exactly at its cut is committed: each queue's run of slots starts at that queue's commit
   frontier (`ConsumeQueue.commit_range`), so readers and long-polling listeners (told only of
   frontier moves) never see a gap or a reordering; a queue seen for the first time is started
@@ -52,10 +47,10 @@ replaced if one dies: its replacement (same number, same queues) is sent the uni
 it and not yet written, then its unanswered batches, which are built again (rewriting the same
 bytes); so are the batches whose index entries it held (only the first answer's handovers of a
 batch are forwarded: a second build hands over the same units); if it died while appending, the
-index is first cut back to the batch's first record (`KeyIndex.truncate`, which also clears entries
-written past the header's count).  When workers die too often, the coordinator builds every batch
-itself and writes the units handed over to a worker it gave up.  A worker whose coordinator died
-stops before writing a batch, handed-over units, or to the index.
+index is first cut back to the batch's first record (`index_appends`).  When workers die too
+often, the coordinator builds every batch itself and writes the units handed over to a worker it
+gave up.  A worker whose coordinator died stops before writing a batch, handed-over units, or to
+the index.
 
 Batches are backlog / (4 × workers), between `MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
 small beside its records) and `batch_bytes`, with up to 3 × workers sent and not answered, so that
@@ -112,6 +107,8 @@ from .dispatch import (
     reads_keys,
 )
 from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
+from .handovers import Handovers
+from .index_appends import APPENDED, FAILED, IndexAppends
 from .worker_process import WorkerPool, WorkerProcess
 from .queue_commit import QueueCommitter
 from .scan import scan
@@ -193,14 +190,8 @@ class ParallelDispatcher:
         self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
         self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
         self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
-        self._holders: dict[int, WorkerProcess | None] = {}  # batch id -> the worker holding its index entries
-        # batch id -> the owners (worker numbers) still to write the units it handed over, from its
-        # first answer until it is processed at the head or dropped
-        self._unwritten: dict[int, set[int]] = {}
-        self._built: dict[int, BatchResult] = {}  # answered, waiting for its handed-over units
-        self._appending: int | None = None  # the head batch whose index append is under way
-        self._asked: WorkerProcess | None = None  # the worker asked to append it
-        self._index_done: set[int] = set()  # batches whose entries a worker has appended, not processed yet
+        self._handovers = Handovers(self._forward)
+        self._appends = IndexAppends(key_index, commit_log, self._send_append)
         self._committer = QueueCommitter(queues)
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
@@ -209,7 +200,6 @@ class ParallelDispatcher:
         self.inline_batches = 0
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
         self.worker_batches = 0
-        self.worker_appends = 0  # index appends done by workers (IndexAppend answers)
         self.handovers_forwarded = 0  # units handed over by one worker, forwarded to their owner
         self.workers_restarted = 0
         self._deaths_in_a_row = 0  # worker deaths since a worker last answered
@@ -390,14 +380,18 @@ class ParallelDispatcher:
     def worker_pids(self) -> list[int]:
         return self._pool.pids()
 
+    @property
+    def worker_appends(self) -> int:
+        """Index appends done by workers (IndexAppended answers)."""
+        return self._appends.count
+
     def _collect(self) -> list[BatchResult]:
         """Answers that are ready (waiting for at least one if none is)."""
         results = [self._done.pop(i) for i in sorted(self._done)]
         if results:
             return results
-        appending = self._asked if self._appending is not None else None
         # one append at a time: the head's
-        if not self._pool.owes_answers(appending):
+        if not self._pool.owes_answers(self._appends.waited_on()):
             return results
         # every worker's pipe is registered (`WorkerPool.ready`): one that is not busy has nothing
         # to say, or says it died, or answers for a batch since dropped (ignored below)
@@ -423,35 +417,17 @@ class ParallelDispatcher:
                             log.error("dispatch worker %s could not write the units handed over by batch %d: %s; "
                                       "writing them on the dispatch thread", worker.pid, result.batch_id, result.error)
                             self._inline_builder().write_handover(pickle.loads(payload))
-                        built = self._units_written(result.batch_id, worker.number)
+                        built = self._handovers.written(result.batch_id, worker.number)
                         if built is not None:
                             results.append(built)
                 elif worker.tasks.pop(result.batch_id, None) is not None:
                     if result.index_held:
-                        self._holders[result.batch_id] = worker
-                    if self._hand_over(result):
+                        self._appends.holders[result.batch_id] = worker
+                    if self._handovers.hand_over(result):
                         results.append(result)
         return results
 
     # -- units handed over between workers -------------------------------------------------------
-
-    def _hand_over(self, result: BatchResult) -> bool:
-        """Forward the units a batch's builder handed over to their owners; True when none is
-        left to write (else the answer waits in `_built`).  A batch built again (its builder died)
-        hands over the same units: only its first answer's are forwarded, and an owner that
-        dies before writing them gets them again (`_replace`)."""
-        batch_id = result.batch_id
-        unwritten = self._unwritten.get(batch_id)
-        if unwritten is None:
-            unwritten = self._unwritten[batch_id] = set()
-            for owner, payload in result.handovers:
-                if self._forward(owner, batch_id, payload):
-                    unwritten.add(owner)
-        result.handovers = ()
-        if unwritten:
-            self._built[batch_id] = result
-            return False
-        return True
 
     def _forward(self, owner: int, batch_id: int, payload: bytes) -> bool:
         """Send units handed over to worker `owner`; True if it was sent (its answer is awaited),
@@ -468,31 +444,15 @@ class ParallelDispatcher:
             pass  # a dead worker is noticed and replaced by _collect, which sends them again
         return True
 
-    def _units_written(self, batch_id: int, owner: int) -> BatchResult | None:
-        """Worker `owner` wrote the units batch `batch_id` handed it: the batch's answer if that
-        was the last of them."""
-        unwritten = self._unwritten.get(batch_id)
-        if unwritten is None:
-            return None  # processed, or dropped
-        unwritten.discard(owner)
-        if not unwritten:
-            return self._built.pop(batch_id, None)
-        return None
-
     def _replace(self, dead: WorkerProcess) -> None:
         self._pool.retire(dead)
         self._deaths_in_a_row += 1
         # the batches whose index entries died with it are built again, with its unanswered ones
-        for batch_id in sorted(b for b, holder in self._holders.items() if holder is dead):
-            del self._holders[batch_id]
+        for batch_id in self._appends.died(dead):
             self._answers.pop(batch_id, None)
-            self._built.pop(batch_id, None)
+            self._handovers.rebuilding(batch_id)
             dead.tasks[batch_id] = self._tasks[batch_id]
-        if self._appending in dead.tasks:
-            # it was appending one of them (asked after building it or before): it may have
-            # written part of the entries: cut the index back
-            self._undo_index_append(dead.tasks[self._appending].begin)
-            self._appending = None
+        self._appends.died_appending(dead)
         if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
             # workers that cannot finish a batch (a broken install, no memory): stop starting
             # them, and build on this thread, slower but without losing or reordering anything
@@ -506,7 +466,7 @@ class ParallelDispatcher:
             self._pool.remove(dead)
             for batch_id, payload in sorted(dead.handovers.items()):
                 self._inline_builder().write_handover(pickle.loads(payload))
-                built = self._units_written(batch_id, dead.number)
+                built = self._handovers.written(batch_id, dead.number)
                 if built is not None:
                     self._done[batch_id] = built
             for batch_id, task in sorted(dead.tasks.items()):
@@ -531,99 +491,57 @@ class ParallelDispatcher:
     def _complete(self, result: BatchResult | IndexAppended, changes: dict[QueueKey, int]) -> int:
         """Keep a batch's answer (they come in any order), or take a worker's index append
         answer; then process every batch now at the head, in order."""
+        appends = self._appends
         if type(result) is IndexAppended:
-            if result.batch_id != self._appending:
+            if result.batch_id != appends.appending:
                 return 0  # for a batch since dropped or built again
-            if not self._index_appended(result):
+            task = self._tasks[result.batch_id]
+            outcome = appends.answered(result, task.begin)
+            if outcome == FAILED:
+                # build and append it on this thread (the worker's answer, should it come, is
+                # ignored: it no longer holds entries)
+                log.error("dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
+                          "building them on the dispatch thread", task.begin, task.end, result.error)
+                self._answers[result.batch_id] = self._build_inline(task)
+            elif outcome != APPENDED:
                 return 0
         elif result.batch_id not in self._tasks:
             return 0  # from a generation that was discarded
-        elif result.index_held and result.batch_id not in self._holders and result.batch_id not in self._index_done:
+        elif appends.lost(result):
             return 0  # its worker died after answering: the batch is being built again
         else:
             self._answers[result.batch_id] = result
         total = 0
-        while self._appending is None and self._head_id in self._answers:
+        while appends.appending is None and self._head_id in self._answers:
             head = self._answers[self._head_id]
-            if head.index_held and head.batch_id not in self._index_done:
+            if head.index_held and head.batch_id not in appends.done:
                 # its worker appends its index entries first; the head waits for the answer
-                self._appending = head.batch_id
-                self._request_append(head.batch_id, self._current_index_path())
+                appends.start(head.batch_id)
                 break
             total += self._advance(self._answers.pop(self._head_id), changes)
-        if self._appending is None and self.key_index is not None and self._head_id in self._tasks:
+        if appends.appending is None and self.key_index is not None and self._head_id in self._tasks:
             # the head is not built yet: its worker is asked now, and appends as soon as it has
             # built it, instead of when its answer has come here and the request gone back (by
             # then it is in the middle of its next batch, and the chain of appends, one batch
             # at a time, fell behind 2 workers' builds)
             builder = self._pool.building(self._head_id)
             if builder is not None:
-                self._appending = self._head_id
-                self._request_append(self._head_id, self._current_index_path(), builder)
+                appends.start(self._head_id, builder)
         return total
 
-    # -- index appends in the workers ----------------------------------------------------------------
-
-    def _current_index_path(self) -> str | None:
-        files = self.key_index.files
-        return None if not files or files[-1].is_full else str(files[-1].path)
-
-    def _request_append(self, batch_id: int, path: str | None, holder: WorkerProcess | None = None) -> None:
-        """Ask the worker holding the batch's index entries (`holder`: the one building it) to
-        append them."""
-        holder = self._asked = holder or self._holders[batch_id]
+    def _send_append(self, worker: WorkerProcess | None, request: IndexAppend) -> None:
         try:
-            holder.conn.send(IndexAppend(batch_id, path, self.key_index.indexed_until))
+            worker.conn.send(request)
         except (OSError, EOFError):
             pass  # a dead worker is noticed and replaced by _collect
-
-    def _index_appended(self, answer: IndexAppended) -> bool:
-        """The head's worker answered its append request: True when all its entries are in.  (The
-        batch's own answer may not be here yet: it waits for the units it handed over.)"""
-        task = self._tasks[answer.batch_id]
-        index = self.key_index
-        if answer.error is not None:
-            # the worker could not append (an I/O error there): cut the index back, build and
-            # append the batch on this thread (the worker's answer, should it come, is ignored:
-            # it no longer holds entries, see _complete)
-            log.error("dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
-                      "building them on the dispatch thread", task.begin, task.end, answer.error)
-            self._undo_index_append(task.begin)
-            self._holders.pop(answer.batch_id, None)
-            self._appending = None
-            self._answers[answer.batch_id] = self._build_inline(task)
-            return True
-        self.worker_appends += 1
-        if answer.last_timestamp:
-            index.last_store_timestamp = answer.last_timestamp
-        if answer.remaining:
-            # the newest file is full (or there is none): start the next one, named after the
-            # first entry it gets, and ask again
-            index.start_file(answer.next_timestamp)
-            self._request_append(answer.batch_id, self._current_index_path())
-            return False
-        self._holders.pop(answer.batch_id, None)
-        self._appending = None
-        self._index_done.add(answer.batch_id)
-        return True
-
-    def _undo_index_append(self, begin: int) -> None:
-        """Cut the key index back to the entries of records below `begin` (a worker died while
-        appending, or failed), restoring the bytes the files had before."""
-
-        def store_time_of(phy: int) -> int | None:
-            rec = self.commit_log.read_record(phy, check_crc=False, read_body=False, read_properties=False)
-            return rec.store_timestamp if type(rec) is record.Record else None
-
-        self.key_index.truncate(begin, store_time_of)
 
     def _advance(self, head: BatchResult, changes: dict[QueueKey, int]) -> int:
         """`head` is the oldest outstanding batch: commit its slots (every earlier batch is
         committed, so each queue's run starts at its frontier, or starts the queue), append its
         index entries, move the dispatched offset."""
         task = self._tasks.pop(head.batch_id)
-        self._unwritten.pop(head.batch_id, None)
-        self._index_done.discard(head.batch_id)
+        self._handovers.processed(head.batch_id)
+        self._appends.done.discard(head.batch_id)
         self._head_id += 1
         if len(head.queues):
             self._committer.commit(head.queues, changes, bool(self.listeners))
@@ -650,10 +568,8 @@ class ParallelDispatcher:
             self._blank_ends.pop(batch_id, None)
         self._answers.clear()
         self._done.clear()
-        self._holders.clear()  # the workers let go of the entries they hold when asked for a later batch
-        self._index_done.clear()
-        self._unwritten.clear()
-        self._built.clear()
+        self._appends.clear()
+        self._handovers.clear()
         self._pool.forget_batches()  # the workers' answers, when they come, are ignored
         self._head_id = self._next_id
         self._cut_offset = end
