@@ -35,11 +35,11 @@ class IndexAppends:
     sends a request to a worker (it must not raise for a dead one: its death is noticed and
     handled elsewhere)."""
 
-    def __init__(self, key_index, commit_log: CommitLog, send: Callable[[WorkerProcess | None, IndexAppend], None]) -> None:
+    def __init__(self, key_index, commit_log: CommitLog, send: Callable[[WorkerProcess, IndexAppend], None]) -> None:
         self.key_index = key_index
         self._commit_log = commit_log
         self._send = send
-        self.holders: dict[int, WorkerProcess | None] = {}  # batch id -> the worker holding its index entries
+        self.holders: dict[int, WorkerProcess] = {}  # batch id -> the worker holding its index entries
         self.appending: int | None = None  # the head batch whose append is under way
         self.asked: WorkerProcess | None = None  # the worker asked to append it
         self.done: set[int] = set()  # batches whose entries a worker has appended, not processed yet

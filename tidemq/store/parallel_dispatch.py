@@ -529,7 +529,7 @@ class ParallelDispatcher:
                 appends.start(self._head_id, builder)
         return total
 
-    def _send_append(self, worker: WorkerProcess | None, request: IndexAppend) -> None:
+    def _send_append(self, worker: WorkerProcess, request: IndexAppend) -> None:
         try:
             worker.conn.send(request)
         except (OSError, EOFError):
