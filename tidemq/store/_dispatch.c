@@ -758,16 +758,14 @@ static int topic_numbers(RunCache *c, PyObject *names, int32_t **into) {
         PyObject *name = PyList_GET_ITEM(names, i);
         PyObject *number = PyDict_GetItemWithError(c->topics, name);
         if (number == NULL) {
-            if (PyErr_Occurred() || (number = PyLong_FromSsize_t(PyDict_GET_SIZE(c->topics))) == NULL) goto failed;
+            if (PyErr_Occurred() || (number = PyLong_FromSsize_t(PyDict_GET_SIZE(c->topics))) == NULL) return -1;
             int stored = PyDict_SetItem(c->topics, name, number);
             Py_DECREF(number);
-            if (stored < 0) goto failed;
+            if (stored < 0) return -1;
         }
         numbers[i] = (int32_t)PyLong_AsLong(number);
     }
     return 0;
-failed:
-    return -1;
 }
 
 /* write_runs copies into cached mappings `COPIES_AT_ONCE` at a time, after looking up their
@@ -792,6 +790,59 @@ static inline void copy_all(Copy *copies, int *pending) {
     *pending = 0;
 }
 
+/* What one write_runs call works with. */
+typedef struct {
+    PyObject *files, *names, *open_file;
+    RunCache *cache;   /* NULL: none */
+    int32_t *numbers;  /* with a cache: its numbers for `names` */
+} Runs;
+
+/* The target of a copy into the file of (names[tid], queue id) from slot `file_start` that the
+   cache does not hold: the mapping in `files`, or the one open_file makes (which may close the
+   builder's mappings, clearing the cache: the topics are then numbered anew).  Cached when
+   `files` keeps it; otherwise its buffer is exported into `view` for this copy alone.  1 with
+   *target and *len set; 0 when open_file gave None (the row goes back to the caller); -1 with an
+   exception set. */
+static int uncached_target(Runs *r, Py_ssize_t tid, PyObject *queue_id, int32_t queue_number, int64_t file_start,
+                           Py_ssize_t upf, Py_buffer *view, unsigned char **target, Py_ssize_t *len) {
+    PyObject *topic = PyList_GET_ITEM(r->names, tid);
+    PyObject *start = PyLong_FromLongLong(file_start), *key = NULL, *mm = NULL;
+    int found = -1;
+    if (start == NULL || (key = PyTuple_Pack(3, topic, queue_id, start)) == NULL) goto done;
+    mm = PyDict_GetItemWithError(r->files, key);
+    if (mm != NULL) {
+        Py_INCREF(mm);
+    } else if (!PyErr_Occurred()) {
+        uint64_t clears = r->cache != NULL ? r->cache->clears : 0;
+        mm = PyObject_CallFunction(r->open_file, "OOOn", topic, queue_id, start, upf);
+        if (mm != NULL && r->cache != NULL && r->cache->clears != clears && topic_numbers(r->cache, r->names, &r->numbers) < 0)
+            Py_CLEAR(mm);
+    }
+    if (mm == NULL) goto done;
+    if (mm == Py_None) {
+        found = 0;
+        goto done;
+    }
+    /* cached only if `files` keeps it (open_file may have cleared the cache: look again) */
+    PyObject *kept = r->cache != NULL ? PyDict_GetItemWithError(r->files, key) : NULL;
+    if (kept == mm) {
+        CacheSlot *slot = cache_add(r->cache, r->numbers[tid], queue_number, file_start, mm);
+        if (slot == NULL) goto done;
+        *target = slot->data;
+        *len = slot->len;
+    } else {
+        if (PyErr_Occurred() || PyObject_GetBuffer(mm, view, PyBUF_WRITABLE) < 0) goto done;
+        *target = view->buf;
+        *len = view->len;
+    }
+    found = 1;
+done:
+    Py_XDECREF(mm);
+    Py_XDECREF(key);
+    Py_XDECREF(start);
+    return found;
+}
+
 /* write_runs(files, names, units_per_file, default_units_per_file, groups, units, open_file[, cache])
    -> list: ConsumeQueue units copied to their slots, one copy per queue file a run spans: the loop
    of `BatchBuilder._write_groups` over queues whose slots in the batch are one run.  `groups` holds
@@ -812,17 +863,16 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
                           &default_upf, &gv, &uv, &open_file, &cache_obj))
         return NULL;
     PyObject *result = NULL, *queue_id = NULL, *skipped = PyList_New(0);
-    RunCache *cache = NULL;
+    Runs r = {files, names, open_file, NULL, NULL};
     Copy copies[COPIES_AT_ONCE];
     int pending = 0;
-    int32_t *numbers = NULL;
     if (skipped == NULL) goto done;
     if (cache_obj != Py_None) {
         if (!PyObject_TypeCheck(cache_obj, &RunCacheType)) {
             PyErr_Format(PyExc_TypeError, "write_runs' cache must be a RunCache or None, not %.100s", Py_TYPE(cache_obj)->tp_name);
             goto done;
         }
-        cache = (RunCache *)cache_obj;
+        r.cache = (RunCache *)cache_obj;
     }
     Py_ssize_t n = gv.len / 40, unit_count = uv.len / 20, name_count = PyList_GET_SIZE(names);
     if (column(&gv, 40, n, "groups") < 0 || column(&uv, 20, unit_count, "units") < 0) goto done;
@@ -830,16 +880,16 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "units per file must be positive, not %zd", default_upf);
         goto done;
     }
-    if (cache != NULL && topic_numbers(cache, names, &numbers) < 0) goto done;
+    if (r.cache != NULL && topic_numbers(r.cache, names, &r.numbers) < 0) goto done;
     const int64_t *g = gv.buf;
     /* the slot prefetch assumes every queue has the default units per file */
-    int prefetch = cache != NULL && !PyDict_GET_SIZE(upf_of);
+    int prefetch = r.cache != NULL && !PyDict_GET_SIZE(upf_of);
     for (Py_ssize_t i = 0; i < n; i++, g += 5) {
         if (prefetch && i + SLOT_AHEAD < n) {
             const int64_t *ahead = g + 5 * SLOT_AHEAD;
             if (ahead[0] >= 0 && ahead[0] < name_count && ahead[2] >= 0)
-                __builtin_prefetch(&cache->slots[cache_hash(numbers[ahead[0]], (int32_t)ahead[1], ahead[2] - ahead[2] % default_upf,
-                                                            cache->mask)]);
+                __builtin_prefetch(&r.cache->slots[cache_hash(r.numbers[ahead[0]], (int32_t)ahead[1], ahead[2] - ahead[2] % default_upf,
+                                                              r.cache->mask)]);
         }
         int64_t tid = g[0], first = g[2], start = g[3], stop = g[4];
         if (tid < 0 || tid >= name_count || g[1] < INT32_MIN || g[1] > INT32_MAX || first < 0 || start < 0
@@ -873,7 +923,7 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
             Py_ssize_t pos = (Py_ssize_t)(slot - file_start) * 20;
             unsigned char *target = NULL;
             Py_ssize_t target_len = 0;
-            CacheSlot *cached = cache != NULL ? cache_find(cache, numbers[tid], (int32_t)g[1], file_start) : NULL;
+            CacheSlot *cached = r.cache != NULL ? cache_find(r.cache, r.numbers[tid], (int32_t)g[1], file_start) : NULL;
             Py_buffer view = {0};
             if (cached != NULL && cached->file_start >= 0) {
                 target = cached->data;
@@ -882,50 +932,15 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
                 /* open_file may close the cached mappings the pending copies go into */
                 copy_all(copies, &pending);
                 if (queue_id == NULL && (queue_id = PyLong_FromLongLong(g[1])) == NULL) goto done;
-                PyObject *file_start_obj = PyLong_FromLongLong(file_start);
-                if (file_start_obj == NULL) goto done;
-                PyObject *key = PyTuple_Pack(3, topic, queue_id, file_start_obj);
-                PyObject *mm = key ? PyDict_GetItemWithError(files, key) : NULL;
-                if (mm != NULL) {
-                    Py_INCREF(mm);
-                } else if (key != NULL && !PyErr_Occurred()) {
-                    PyObject *upf_obj = PyLong_FromSsize_t(upf);
-                    uint64_t clears = cache != NULL ? cache->clears : 0;
-                    if (upf_obj != NULL) mm = PyObject_CallFunctionObjArgs(open_file, topic, queue_id, file_start_obj, upf_obj, NULL);
-                    Py_XDECREF(upf_obj);
-                    /* it closed the builder's mappings, clearing the cache: number the topics anew */
-                    if (mm != NULL && cache != NULL && cache->clears != clears && topic_numbers(cache, names, &numbers) < 0)
-                        Py_CLEAR(mm);
-                }
-                Py_DECREF(file_start_obj);
-                if (mm == NULL) {
-                    Py_XDECREF(key);
-                    goto done;
-                }
-                if (mm == Py_None) {  /* not to be made here: the row goes back to the caller */
-                    Py_DECREF(mm);
-                    Py_DECREF(key);
+                int found = uncached_target(&r, (Py_ssize_t)tid, queue_id, (int32_t)g[1], file_start, upf, &view, &target, &target_len);
+                if (found < 0) goto done;
+                if (found == 0) {  /* not to be made here: the row goes back to the caller */
                     PyObject *row = PyLong_FromSsize_t(i);
                     int failed = row == NULL || PyList_Append(skipped, row) < 0;
                     Py_XDECREF(row);
                     if (failed) goto done;
                     break;
                 }
-                /* cached only if `files` keeps it (open_file may have cleared the cache: look again) */
-                PyObject *kept = cache != NULL ? PyDict_GetItemWithError(files, key) : NULL;
-                Py_DECREF(key);
-                if (kept == mm) {
-                    cached = cache_add(cache, numbers[tid], (int32_t)g[1], file_start, mm);
-                    if (cached != NULL) {
-                        target = cached->data;
-                        target_len = cached->len;
-                    }
-                } else if (!PyErr_Occurred() && PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) == 0) {
-                    target = view.buf;
-                    target_len = view.len;
-                }
-                Py_DECREF(mm);
-                if (target == NULL) goto done;
             }
             if (pos + count * 20 > target_len) {
                 PyErr_Format(PyExc_ValueError, "slots %lld..%lld lie past the end of a %zd-byte queue file", (long long)slot,
@@ -948,7 +963,7 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
     result = Py_NewRef(skipped);
 done:
     copy_all(copies, &pending);  /* every run looked up before a failure is written */
-    PyMem_Free(numbers);
+    PyMem_Free(r.numbers);
     Py_XDECREF(queue_id);
     Py_XDECREF(skipped);
     PyBuffer_Release(&gv);
