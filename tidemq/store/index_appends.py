@@ -22,7 +22,7 @@ from typing import Callable
 
 from . import record
 from .commit_log import CommitLog
-from .dispatch_messages import BatchResult, IndexAppend, IndexAppended
+from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended
 from .worker_process import WorkerProcess
 
 # answered(): the batch's entries are all in; the worker was asked again (a file filled); the
@@ -92,21 +92,18 @@ class IndexAppends:
         self.done.add(answer.batch_id)
         return APPENDED
 
-    def died(self, dead: WorkerProcess) -> list[int]:
-        """`dead` died: the batches whose entries died with it (to be built again: the caller
-        puts them among `dead.tasks`)."""
+    def died(self, dead: WorkerProcess, tasks: dict[int, BatchTask]) -> list[int]:
+        """`dead` died: the batches whose entries died with it, to be built again (with its
+        unanswered ones, `dead.tasks`).  If it was appending one of either (asked after building
+        it or before), the index is cut back to that batch's first record (`tasks`: every
+        outstanding batch), since it may have written part of the entries."""
         lost = sorted(b for b, holder in self.holders.items() if holder is dead)
         for batch_id in lost:
             del self.holders[batch_id]
-        return lost
-
-    def died_appending(self, dead: WorkerProcess) -> None:
-        """If `dead` was appending (the batch under way is one of `dead.tasks`: asked after
-        building it or before), cut the index back to the batch's first record: it may have
-        written part of the entries."""
-        if self.appending in dead.tasks:
-            self.undo(dead.tasks[self.appending].begin)
+        if self.appending is not None and (self.appending in lost or self.appending in dead.tasks):
+            self.undo(tasks[self.appending].begin)
             self.appending = None
+        return lost
 
     def undo(self, begin: int) -> None:
         """Cut the key index back to the entries of records below `begin`, restoring the bytes

@@ -448,11 +448,10 @@ class ParallelDispatcher:
         self._pool.retire(dead)
         self._deaths_in_a_row += 1
         # the batches whose index entries died with it are built again, with its unanswered ones
-        for batch_id in self._appends.died(dead):
+        for batch_id in self._appends.died(dead, self._tasks):
             self._answers.pop(batch_id, None)
             self._handovers.rebuilding(batch_id)
             dead.tasks[batch_id] = self._tasks[batch_id]
-        self._appends.died_appending(dead)
         if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
             # workers that cannot finish a batch (a broken install, no memory): stop starting
             # them, and build on this thread, slower but without losing or reordering anything
