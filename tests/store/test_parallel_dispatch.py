@@ -735,6 +735,58 @@ def test_dispatch_thread_alone_writes_known_queues_through_their_own_mappings(tm
     assert same_tree(tmp_path / "ref" / "index", tmp_path / "index") == []
 
 
+def _thread_alone_over_known_queues(tmp_path: Path, monkeypatch, budget: int | None = None):
+    """Dispatch 60 queues' entries with no workers, a third, then the rest; in between, with
+    `MAPPINGS`' budget set to `budget` if given, a reader reads every queue.  Checks the files
+    against one thread's and returns (the files the rest asked of the queues,
+    `ConsumeQueue.mapping_of`, and the queue files mapped in this process at the end)."""
+    from tidemq.store import consume_queue
+
+    keys = [(f"t{i % 5}", i // 5 % 12) for i in range(3000)]  # 60 queues, 50 entries each
+    log, _ = build_log(tmp_path, keys, segment_size=1 << 20)
+    cqs = ConsumeQueueStore(tmp_path / "cq", 400)
+    index = KeyIndex(tmp_path / "index", 64, 4000)
+    dispatcher = ParallelDispatcher(log, cqs, index, 0, 0, batch_bytes=16 * 1024)
+    builder = dispatcher._inline_builder()
+    builder.max_queue_files = 16  # its own mappings of the new queues are closed, and the queues' used
+    done = dispatcher.dispatch_until(log.write_position // 3)
+    assert len(builder._files) > builder._own_mappings()  # it keeps some of the queues' mappings
+    if budget is not None:
+        monkeypatch.setattr(consume_queue.MAPPINGS, "budget", budget)
+    assert all(len(cqs.get(*key).read(0, 1)) == 1 for key in set(keys))
+    asked = []
+    real = ConsumeQueue.mapping_of
+    monkeypatch.setattr(ConsumeQueue, "mapping_of", lambda cq, start: asked.append((cq.topic, cq.queue_id, start)) or real(cq, start))
+    batches = dispatcher.inline_batches
+    assert done + dispatcher.dispatch_until(log.write_position) == len(keys)
+    assert dispatcher.inline_batches - batches > 10
+    assert all(cqs.get(*key).commit_frontier == 50 for key in set(keys))
+    mapped = [line for line in Path(f"/proc/{os.getpid()}/maps").read_text().splitlines() if str(tmp_path / "cq") in line]
+    dispatcher.close()
+    cqs.close()
+    index.close()
+    sequential_build(log, tmp_path / "ref", 400, 64, 4000)
+    log.close()
+    assert same_tree(tmp_path / "ref" / "consumequeue", tmp_path / "cq") == []
+    return asked, mapped
+
+
+def test_dispatch_thread_alone_asks_each_known_queue_for_its_file_once(tmp_path, monkeypatch):
+    """The dispatch thread keeps the queues' mappings it was given: over the last two thirds'
+    batches each queue's file is asked for once at most, not once a batch."""
+    asked, _ = _thread_alone_over_known_queues(tmp_path, monkeypatch)
+    assert len(asked) == len(set(asked)) <= 60
+
+
+def test_dispatch_thread_alone_keeps_no_queue_mapping_the_queues_let_go(tmp_path, monkeypatch):
+    """When the queues' mappings outgrow their budget (a reader maps every queue's file), the
+    dispatch thread lets go of those it kept, which would otherwise stay mapped: the process
+    holds the two budgets' worth, not every queue's file, and the files are the same."""
+    asked, mapped = _thread_alone_over_known_queues(tmp_path, monkeypatch, budget=8)
+    assert len(mapped) <= 8 + 16
+    assert len(asked) > 60  # under the budget's pressure nothing is kept: asked again a batch
+
+
 def test_store_refuses_a_negative_dispatch_workers_setting():
     with pytest.raises(ValueError, match="dispatch_workers must be 0"):
         StoreConfig(dispatch_workers=-1)

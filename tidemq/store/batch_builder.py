@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from . import open_files, record
-from .consume_queue import UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
+from .consume_queue import MAPPINGS, UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
 from .dispatch import ConsumeQueueStore, QueueKey, group_by_queue, queue_rows
 from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsHandover
 from .index_file import HEADER, IndexFile
@@ -173,7 +173,7 @@ class BatchBuilder:
         """A file of another worker's queue, mapped if its owner has made it and this builder's
         mappings are under half their budget (with more queues than that, each worker keeps to
         its own); None otherwise: the units are handed over."""
-        if len(self._files) >= self.max_queue_files // 2:
+        if self._own_mappings() >= self.max_queue_files // 2:
             return None
         return self._queue_file(topic, queue_id, file_start, upf, create=False)
 
@@ -181,7 +181,7 @@ class BatchBuilder:
         """The queue's file starting at slot `file_start`, mapped (a `_queue_file.Mapping`, or an
         `mmap.mmap` without the extension) and kept in `_files`; made if need be when `create`,
         else None if it is not there."""
-        if len(self._files) >= self.max_queue_files:
+        if self._own_mappings() >= self.max_queue_files:
             self.close_queue_files()
         path = f"{self.root}/{topic}/{queue_id}/{file_name(file_start * UNIT_SIZE)}"
         # every creator extends to the same size: idempotent; random access, so that a first
@@ -192,6 +192,10 @@ class BatchBuilder:
             return None
         self._files[(topic, queue_id, file_start)] = mm
         return mm
+
+    def _own_mappings(self) -> int:
+        """How many queue files this builder has mapped itself (held against its budget)."""
+        return len(self._files)
 
     def build(self, task: BatchTask) -> BatchResult:
         mm = self._segment(task)
@@ -517,16 +521,64 @@ class ThreadBuilder(BatchBuilder):
     every batch: with 10,000 queues that was 143,000 mappings for 200,000 entries, 3.1 of the
     build's 3.8 s under cProfile.  Only the dispatch thread touches the `ConsumeQueue` objects
     (retention, on another thread, drops only files below the frontiers, under the queue's
-    lock), and it is the thread that builds."""
+    lock), and it is the thread that builds.
+
+    The queues' mappings it is given are kept in `_files`, and so in the compiled loop's cache,
+    while `MAPPINGS` is under its budget: asking the queue again for every run was, with 10,000
+    queues, 345,000 calls in the steady half of bench/dispatch.py, whose build on this thread
+    alone then took 3.4-3.6 CPU-s instead of 1.7-1.9.  A kept mapping that `MAPPINGS` drops
+    (past its budget, or closed) stays mapped while it is kept (writes through it still reach
+    the file), so the builder lets every kept one go when it sees `MAPPINGS.dropped` move (at
+    the next batch, or the next file it asks for), and keeps none while `MAPPINGS` is full:
+    the process holds no more mappings than the two budgets.  It never closes them: they are
+    the queues'."""
 
     def __init__(self, queues: ConsumeQueueStore, index_enabled: bool) -> None:
         super().__init__(str(queues.root), queues.units_per_file, index_enabled, queues.file_sizes())
         self._store_queues = queues.queues
+        self._borrowed: set[tuple[str, int, int]] = set()  # keys of `_files` holding the queues' mappings
+        self._dropped = MAPPINGS.dropped
+
+    def _own_mappings(self) -> int:
+        return len(self._files) - len(self._borrowed)
+
+    def build(self, task: BatchTask) -> BatchResult:
+        if MAPPINGS.dropped != self._dropped:
+            self._let_borrowed_go()
+        return super().build(task)
 
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
         cq = self._store_queues.get((topic, queue_id))
         if cq is not None:
             mm = cq.mapping_of(file_start)
             if mm is not None:
+                if MAPPINGS.dropped != self._dropped:
+                    self._let_borrowed_go()
+                if not MAPPINGS.full:
+                    key = (topic, queue_id, file_start)
+                    self._files[key] = mm
+                    self._borrowed.add(key)
                 return mm
         return super()._queue_file(topic, queue_id, file_start, upf, create)
+
+    def _let_borrowed_go(self) -> None:
+        """Forget the queues' mappings kept (the compiled loop's cache first: it holds their
+        buffers)."""
+        self._dropped = MAPPINGS.dropped
+        if not self._borrowed:
+            return
+        if self._run_cache is not None:
+            self._run_cache.clear()
+        for key in self._borrowed:
+            del self._files[key]
+        self._borrowed.clear()
+
+    def close_queue_files(self) -> None:
+        """Close the mappings this builder made; keep the queues' (they stay valid)."""
+        kept = {key: self._files.pop(key) for key in self._borrowed}
+        super().close_queue_files()
+        self._files.update(kept)
+
+    def close(self) -> None:
+        self._let_borrowed_go()
+        super().close()

@@ -174,6 +174,9 @@ class _Mappings:
         self._lock = threading.Lock()
         self._mapped: dict[_QueueFile, None] = {}
         self.budget = 0  # set from the open-file limit at the first mapping (tests set it)
+        # how many mappings were dropped (past the budget) or closed so far: a cache of them
+        # elsewhere (batch_builder.ThreadBuilder) lets its copies go when this moves
+        self.dropped = 0
 
     def added(self, queue_file: _QueueFile) -> None:
         with self._lock:
@@ -185,10 +188,18 @@ class _Mappings:
                 oldest = next(iter(mapped))
                 del mapped[oldest]
                 oldest._mm = None
+                self.dropped += 1
 
     def removed(self, queue_file: _QueueFile) -> None:
         with self._lock:
-            self._mapped.pop(queue_file, None)
+            if queue_file in self._mapped:
+                del self._mapped[queue_file]
+                self.dropped += 1
+
+    @property
+    def full(self) -> bool:
+        """At the budget: the next mapping drops the oldest."""
+        return bool(self.budget) and len(self._mapped) >= self.budget
 
     def __len__(self) -> int:
         return len(self._mapped)
