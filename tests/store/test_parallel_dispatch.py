@@ -737,11 +737,12 @@ def test_dispatch_thread_alone_writes_known_queues_through_their_own_mappings(tm
 
 def _thread_alone_over_known_queues(tmp_path: Path, monkeypatch, budget: int | None = None):
     """Dispatch 60 queues' entries with no workers, a third, then the rest; in between, with
-    `MAPPINGS`' budget set to `budget` if given, a reader reads every queue.  Checks the files
-    against one thread's and returns (the files the rest asked of the queues,
-    `ConsumeQueue.mapping_of`, and the queue files mapped in this process at the end)."""
+    `MAPPINGS`' budget set to `budget` if given (else room for them all), a reader reads every
+    queue.  Checks the files against one thread's and returns (the files the rest asked of the
+    queues, `ConsumeQueue.mapping_of`, and the queue files mapped in this process at the end)."""
     from tidemq.store import consume_queue
 
+    monkeypatch.setattr(consume_queue.MAPPINGS, "budget", len(consume_queue.MAPPINGS) + 1000)  # whatever other tests left
     keys = [(f"t{i % 5}", i // 5 % 12) for i in range(3000)]  # 60 queues, 50 entries each
     log, _ = build_log(tmp_path, keys, segment_size=1 << 20)
     cqs = ConsumeQueueStore(tmp_path / "cq", 400)
