@@ -543,8 +543,7 @@ class ThreadBuilder(BatchBuilder):
         return len(self._files) - len(self._borrowed)
 
     def build(self, task: BatchTask) -> BatchResult:
-        if MAPPINGS.dropped != self._dropped:
-            self._let_borrowed_go()
+        self._let_borrowed_go(if_dropped=True)
         return super().build(task)
 
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
@@ -552,8 +551,7 @@ class ThreadBuilder(BatchBuilder):
         if cq is not None:
             mm = cq.mapping_of(file_start)
             if mm is not None:
-                if MAPPINGS.dropped != self._dropped:
-                    self._let_borrowed_go()
+                self._let_borrowed_go(if_dropped=True)
                 if not MAPPINGS.full:
                     key = (topic, queue_id, file_start)
                     self._files[key] = mm
@@ -561,9 +559,11 @@ class ThreadBuilder(BatchBuilder):
                 return mm
         return super()._queue_file(topic, queue_id, file_start, upf, create)
 
-    def _let_borrowed_go(self) -> None:
+    def _let_borrowed_go(self, if_dropped: bool = False) -> None:
         """Forget the queues' mappings kept (the compiled loop's cache first: it holds their
-        buffers)."""
+        buffers); `if_dropped`: only if `MAPPINGS` dropped or closed one since it last looked."""
+        if if_dropped and MAPPINGS.dropped == self._dropped:
+            return
         self._dropped = MAPPINGS.dropped
         if not self._borrowed:
             return
