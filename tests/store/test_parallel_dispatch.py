@@ -177,8 +177,7 @@ class ScriptedDispatcher(ParallelDispatcher):
                     answers.append(built)
             else:
                 result = early if early is not None else self.built_by[task.batch_id].build(task)
-                if result.index_held:
-                    self._appends.holders[result.batch_id] = None
+                self._appends.held(result, None)
                 if self._handovers.hand_over(result):
                     answers.append(result)
         return answers

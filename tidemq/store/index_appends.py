@@ -49,10 +49,19 @@ class IndexAppends:
         """The worker whose append is under way, if one is."""
         return self.asked if self.appending is not None else None
 
+    def held(self, result: BatchResult, worker: WorkerProcess) -> None:
+        """`worker` answered for a batch: it holds the batch's entries if it says so."""
+        if result.index_held:
+            self.holders[result.batch_id] = worker
+
+    def owed(self, result: BatchResult) -> bool:
+        """Whether a worker is still to append the batch's entries."""
+        return result.index_held and result.batch_id not in self.done
+
     def lost(self, result: BatchResult) -> bool:
         """Whether `result` held index entries its worker no longer holds (it died after
         answering, or failed to append them): the batch is being built again."""
-        return result.index_held and result.batch_id not in self.holders and result.batch_id not in self.done
+        return self.owed(result) and result.batch_id not in self.holders
 
     def start(self, batch_id: int, holder: WorkerProcess | None = None) -> None:
         """Ask the worker holding the batch's entries (`holder`: the one building it) to append
@@ -114,6 +123,10 @@ class IndexAppends:
             return rec.store_timestamp if type(rec) is record.Record else None
 
         self.key_index.truncate(begin, store_time_of)
+
+    def processed(self, batch_id: int) -> None:
+        """The batch was processed at the head."""
+        self.done.discard(batch_id)
 
     def clear(self) -> None:
         """Later batches were dropped: the workers let go of the entries they hold when asked

@@ -421,8 +421,7 @@ class ParallelDispatcher:
                         if built is not None:
                             results.append(built)
                 elif worker.tasks.pop(result.batch_id, None) is not None:
-                    if result.index_held:
-                        self._appends.holders[result.batch_id] = worker
+                    self._appends.held(result, worker)
                     if self._handovers.hand_over(result):
                         results.append(result)
         return results
@@ -513,7 +512,7 @@ class ParallelDispatcher:
         total = 0
         while appends.appending is None and self._head_id in self._answers:
             head = self._answers[self._head_id]
-            if head.index_held and head.batch_id not in appends.done:
+            if appends.owed(head):
                 # its worker appends its index entries first; the head waits for the answer
                 appends.start(head.batch_id)
                 break
@@ -540,7 +539,7 @@ class ParallelDispatcher:
         index entries, move the dispatched offset."""
         task = self._tasks.pop(head.batch_id)
         self._handovers.processed(head.batch_id)
-        self._appends.done.discard(head.batch_id)
+        self._appends.processed(head.batch_id)
         self._head_id += 1
         if len(head.queues):
             self._committer.commit(head.queues, changes, bool(self.listeners))
