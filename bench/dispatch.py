@@ -11,7 +11,10 @@ compare figures within a run, never across runs):
    worker processes (started before timing).
    The logs are written once; every build starts from empty index directories, and is preceded
    by touching and freeing WARM_BYTES of memory (see `warm_memory`; `--cold-memory` skips it)
-   and by reading the log into the page cache (`cache_log`).
+   and by reading the log into the page cache (`cache_log`).  Each layout's rows: the files part
+   (the first half of the log, which makes every queue's files), the steady part (the second
+   half), and the whole log; then each round's ratio of N workers to 1 worker, as the best rates
+   and the median of the rounds can disagree when one build of a layout catches a calm spell.
    For the 10,000-queue layout it also times creating that many queue directories and files
    with one and with N plain processes: the kernel's share of the files part, and how far it
    scales.  It prints the CPU time the host took from this virtual machine during each build
@@ -209,11 +212,12 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     }
     print("1. dispatch throughput (entries/s), key index on (UNIQ_KEY + 1 KEYS entry per record);")
     print(f"   each log holds 2 x {count:,} records: the first half creates the queue files, the second")
-    print("   half is the steady state.  'thread' builds on the dispatch thread alone (0 workers).  Dirty")
-    print("   pages are written back (sync) before each build, outside the timing.")
+    print("   half is the steady state; 'whole' is the whole log, both parts.  'thread' builds on the dispatch")
+    print("   thread alone (0 workers).  Dirty pages are written back (sync) before each build, outside the timing.")
     print(f"   Best of {rounds} interleaved rounds; 'N/1 workers' compares the best rates, 'paired' is the median")
     print("   over the rounds of N workers' rate against 1 worker's in the same round (one round's builds run")
-    print("   back to back: a slow spell of the machine hits both sides of a pair).  'machine' is the median")
+    print("   back to back: a slow spell of the machine hits both sides of a pair; each round's ratio is printed")
+    print("   under the layout, as the two statistics can disagree).  'machine' is the median")
     print(f"   over the same rounds of what {workers} plain CPU-bound processes get done against one (measured")
     print("   after each round's builds): the most any parallel work could reach on this machine then.  The work")
     print("   line under each layout gives the CPU time its parts took: N workers reach N/1 only where they do")
@@ -229,7 +233,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         log = write_log(log_dir, 2 * count, queue_of)
         middle, first_entries = _walk(log, log.write_position // 2)
         rates: dict[int, tuple[float, float]] = {}
-        pairs: list[tuple[float, float]] = []  # per round, N workers' rates / 1 worker's, per part
+        pairs: list[tuple[float, float, float]] = []  # per round, N workers' rates / 1 worker's, per part and whole
         machine: list[float] = []
         file_system: list[tuple[float, float]] = []
         kept, attempt, retried = 0, 0, 0
@@ -263,20 +267,23 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
                 continue
             kept += 1
             for w, (first, second) in times.items():
-                best = rates.get(w, (0.0, 0.0))
-                rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second))
-            pairs.append((times[1][0] / times[workers][0], times[1][1] / times[workers][1]))
+                best = rates.get(w, (0.0, 0.0, 0.0))
+                rates[w] = (max(best[0], first_entries / first), max(best[1], (entries - first_entries) / second),
+                            max(best[2], entries / (first + second)))
+            pairs.append((times[1][0] / times[workers][0], times[1][1] / times[workers][1], sum(times[1]) / sum(times[workers])))
             machine.append(machine_parallelism(workers))
             if many_files:
                 file_system.append(file_system_parallelism(root / f"out-{tag}-{n}-fs", workers))
         if retried:
             print(f"   {name}: {retried} round(s) run again: the host took more than {STEAL_LIMIT:.0%} of the cores' time "
                   f"during their worker builds (steal)")
-        for part, i in (("files", 0), ("steady", 1)):
+        for part, i in (("files", 0), ("steady", 1), ("whole", 2)):
             r = {w: rates[w][i] for w in rates}
             paired = statistics.median(p[i] for p in pairs)
             print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
                   f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x")
+        spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for part, i in (("files", 0), ("steady", 1), ("whole", 2)))
+        print(f"   {'':<15}(paired, each round: {spread})")
         work = {}  # part -> per worker count, median CPU-s of the workers and of the coordinator
         for part, i in (("files", 0), ("steady", 1)):
             work[part] = ", ".join(
