@@ -232,7 +232,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         log_dir = root / f"log-{tag}"
         log = write_log(log_dir, 2 * count, queue_of)
         middle, first_entries = _walk(log, log.write_position // 2)
-        rates: dict[int, tuple[float, float]] = {}
+        rates: dict[int, tuple[float, float, float]] = {}  # per worker count, the best rates: files, steady, whole
         pairs: list[tuple[float, float, float]] = []  # per round, N workers' rates / 1 worker's, per part and whole
         machine: list[float] = []
         file_system: list[tuple[float, float]] = []
@@ -277,12 +277,13 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         if retried:
             print(f"   {name}: {retried} round(s) run again: the host took more than {STEAL_LIMIT:.0%} of the cores' time "
                   f"during their worker builds (steal)")
-        for part, i in (("files", 0), ("steady", 1), ("whole", 2)):
+        parts = (("files", 0), ("steady", 1), ("whole", 2))
+        for part, i in parts:
             r = {w: rates[w][i] for w in rates}
             paired = statistics.median(p[i] for p in pairs)
             print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
                   f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x")
-        spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for part, i in (("files", 0), ("steady", 1), ("whole", 2)))
+        spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for part, i in parts)
         print(f"   {'':<15}(paired, each round: {spread})")
         work = {}  # part -> per worker count, median CPU-s of the workers and of the coordinator
         for part, i in (("files", 0), ("steady", 1)):
