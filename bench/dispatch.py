@@ -286,7 +286,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for part, i in parts)
         print(f"   {'':<15}(paired, each round: {spread})")
         work = {}  # part -> per worker count, median CPU-s of the workers and of the coordinator
-        for part, i in (("files", 0), ("steady", 1)):
+        for part, i in parts[:2]:  # the work of each part (the whole is their sum)
             work[part] = ", ".join(
                 f"{statistics.median(b[i][0] for b in PART_CPU[name, w]):.2f} + {statistics.median(b[i][1] for b in PART_CPU[name, w]):.2f}"
                 f" ({w} worker{'s' if w > 1 else ''})" for w in (1, workers))
