@@ -15,6 +15,8 @@ compare figures within a run, never across runs):
    (the first half of the log, which makes every queue's files), the steady part (the second
    half), and the whole log; then each round's ratio of N workers to 1 worker, as the best rates
    and the median of the rounds can disagree when one build of a layout catches a calm spell.
+   After each round it also runs N 1-worker builds of the log side by side, each in a process of
+   its own (`builds_together`): what the machine gives this work from N cores at the time.
    For the 10,000-queue layout it also times creating that many queue directories and files
    with one and with N plain processes: the kernel's share of the files part, and how far it
    scales.  It prints the CPU time the host took from this virtual machine during each build
@@ -51,6 +53,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -159,11 +162,13 @@ PART_CPU: dict[tuple[str, int], list[tuple[tuple[float, float], tuple[float, flo
 STOLEN: dict[tuple[str, int], list[float]] = {}
 
 
-def build(log: CommitLog, out: Path, workers: int, middle: int, layout: str = "") -> tuple[float, float, int]:
+def build(log: CommitLog, out: Path, workers: int, middle: int, layout: str = "",
+          before_timing: Callable[[], None] | None = None) -> tuple[float, float, int]:
     """Dispatch the log into empty indexes in two timed parts, [start, middle) — which creates
     every queue's files — and [middle, end) — the steady state, files in place; workers 0 = on
     this thread alone.  Returns (seconds first part, seconds second part, entries); the CPU time
-    of each part goes to PART_CPU[layout, workers].  `out` is left in place: see `throughput`."""
+    of each part goes to PART_CPU[layout, workers].  `out` is left in place: see `throughput`.
+    `before_timing` is called once everything is set up, just before the timing starts."""
     shutil.rmtree(out, ignore_errors=True)
     queues = ConsumeQueueStore(out / "consumequeue", UNITS)
     index = KeyIndex(out / "index", INDEX_SLOTS, INDEX_ENTRIES)
@@ -175,6 +180,8 @@ def build(log: CommitLog, out: Path, workers: int, middle: int, layout: str = ""
     if WARM_MEMORY:
         warm_memory(WARM_BYTES)
     cache_log(log)
+    if before_timing is not None:
+        before_timing()
     cpu_before = sum(_cpu_seconds(p) for p in pids)
     own_before = time.process_time()
     machine_before, stolen_before = _machine_seconds()
@@ -219,13 +226,18 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print("   back to back: a slow spell of the machine hits both sides of a pair; each round's ratio is printed")
     print("   under the layout, as the two statistics can disagree).  'machine' is the median")
     print(f"   over the same rounds of what {workers} plain CPU-bound processes get done against one (measured")
-    print("   after each round's builds): the most any parallel work could reach on this machine then.  The work")
-    print("   line under each layout gives the CPU time its parts took: N workers reach N/1 only where they do")
-    print("   no more work than 1, and their coordinator shares their cores (1 worker's has a core to itself).")
+    print("   after each round's builds): the most any parallel work could reach on this machine then.")
+    print(f"   '{workers} builds' (whole log) is the median over the rounds of what {workers} 1-worker builds of the same log, each")
+    print("   in a process of its own into files of its own, started together after each round's builds, got done")
+    print("   against that round's 1 worker (the sum of their rates, high where one ends first): what the machine")
+    print(f"   gave this very work from {workers} cores then, with nothing shared between the builds and no coordination")
+    print("   to pay for.  The work line under each layout gives the CPU time its parts took: N workers reach N/1")
+    print("   only where they do no more work than 1, and their coordinator shares their cores (1 worker's has a")
+    print("   core to itself).")
     print(f"   A round whose worker builds lost more than {STEAL_LIMIT:.0%} of the cores' time to the host (steal: this is")
     print(f"   a virtual machine on a shared host) is run again, up to {rounds} times a layout.")
     header = (f"   {'layout':<15}{'part':<8}{'thread':>12}{'1 worker':>12}{f'{workers} workers':>12}{'N/1 workers':>13}"
-              f"{'paired':>9}{'machine':>9}")
+              f"{'paired':>9}{'machine':>9}{f'{workers} builds':>10}")
     print(header)
     for name, (queue_of, many_files) in layouts.items():
         tag = name.split()[0].replace(",", "")
@@ -235,6 +247,7 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         rates: dict[int, tuple[float, float, float]] = {}  # per worker count, the best rates: files, steady, whole
         pairs: list[tuple[float, float, float]] = []  # per round, N workers' rates / 1 worker's, per part and whole
         machine: list[float] = []
+        side_by_side: list[float] = []  # per round, N 1-worker builds side by side against 1 worker alone (whole log)
         file_system: list[tuple[float, float]] = []
         kept, attempt, retried = 0, 0, 0
         while kept < rounds:  # interleaved, best of `rounds`: other load on the machine hits all alike
@@ -272,6 +285,8 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
                             max(best[2], entries / (first + second)))
             pairs.append((times[1][0] / times[workers][0], times[1][1] / times[workers][1], sum(times[1]) / sum(times[workers])))
             machine.append(machine_parallelism(workers))
+            together = builds_together(log, [root / f"out-{tag}-{n}-apart{k}" for k in range(workers)], middle)
+            side_by_side.append(sum(sum(times[1]) / (first + second) for first, second in together))
             if many_files:
                 file_system.append(file_system_parallelism(root / f"out-{tag}-{n}-fs", workers))
         if retried:
@@ -282,9 +297,10 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
             r = {w: rates[w][i] for w in rates}
             paired = statistics.median(p[i] for p in pairs)
             print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
-                  f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x")
+                  f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x" + (f"{statistics.median(side_by_side):>9.2f}x" if i == 2 else ""))
         spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for part, i in parts)
-        print(f"   {'':<15}(paired, each round: {spread})")
+        print(f"   {'':<15}(paired, each round: {spread};")
+        print(f"   {'':<15}{workers} builds side by side, each round: {' '.join(f'{x:.2f}' for x in side_by_side)})")
         work = {}  # part -> per worker count, median CPU-s of the workers and of the coordinator
         for part, i in parts[:2]:  # the work of each part (the whole is their sum)
             work[part] = ", ".join(
@@ -420,6 +436,53 @@ def file_system_parallelism(directory: Path, n: int) -> tuple[float, float]:
     return run(1), run(n)
 
 
+def builds_together(log: CommitLog, outs: list[Path], middle: int) -> list[tuple[float, float]]:
+    """(seconds files part, seconds steady part) of 1-worker builds of `log` (see `build`), one
+    into each of `outs`, each run by a process of its own (`--build-child`): all are set up first,
+    then told to start at once.  Two of them side by side is the build itself asked twice of the
+    machine at once, with nothing shared between the two: what the machine gives this very work
+    from a second core right then, beside which the plain CPU-bound processes of
+    `machine_parallelism` can say little (1 worker's steady part took 1.2 to 2.3 CPU-s for the same
+    records within an hour, while those processes read 1.5-2.0x).  Where one build ends first, the
+    other runs its rest alone: the sum of their rates leans high."""
+    command = [sys.executable, __file__, *([] if WARM_MEMORY else ["--cold-memory"]), "--build-child", str(log.directory),
+               str(log.write_position), str(middle)]
+    procs = [subprocess.Popen([*command, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for out in outs]
+    try:
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a benchmark build process failed before its build ({proc.wait()})")
+        for proc in procs:
+            proc.stdin.write("start\n")
+            proc.stdin.flush()
+        times = []
+        for proc in procs:
+            line = proc.stdout.readline().split()
+            if len(line) != 2:
+                raise RuntimeError(f"a benchmark build process failed in its build ({proc.wait()})")
+            times.append((float(line[0]), float(line[1])))
+        return times
+    finally:
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait()
+
+
+def _child_build(log_directory: str, write_position: str, middle: str, out: str) -> None:
+    """One build of `builds_together`, in this process: prints 'ready' once set up, builds when a
+    line comes on stdin, then prints its two parts' seconds."""
+
+    def wait_for_start() -> None:
+        print("ready", flush=True)
+        sys.stdin.readline()
+
+    log = CommitLog(Path(log_directory), SEGMENT)
+    log.write_position = int(write_position)
+    first, second, _ = build(log, Path(out), 1, int(middle), before_timing=wait_for_start)
+    print(f"{first} {second}", flush=True)
+    log.close()
+
+
 def _run_together(programs: list[list[str]]) -> float:
     """Wall seconds for `python -c program args...` processes, one per item, run side by side."""
     start = time.perf_counter()
@@ -469,9 +532,13 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-sustained", action="store_true")
     parser.add_argument("--cold-memory", action="store_true", help="do not warm memory before each build (see warm_memory)")
+    parser.add_argument("--build-child", nargs=4, help=argparse.SUPPRESS)  # one build of builds_together
     args = parser.parse_args()
     global WARM_MEMORY
     WARM_MEMORY = not args.cold_memory
+    if args.build_child:
+        _child_build(*args.build_child)
+        return
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
     # a directory of its own, even inside --dir: only it is removed at the end
