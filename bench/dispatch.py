@@ -462,6 +462,10 @@ def builds_together(log: CommitLog, outs: list[Path], middle: int) -> list[tuple
                 raise RuntimeError(f"a benchmark build process failed in its build ({proc.wait()})")
             times.append((float(line[0]), float(line[1])))
         return times
+    except BaseException:
+        for proc in procs:  # the others would build on their closed stdin: stop them (their workers follow)
+            proc.kill()
+        raise
     finally:
         for proc in procs:
             proc.stdin.close()
