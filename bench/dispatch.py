@@ -292,17 +292,17 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
         if retried:
             print(f"   {name}: {retried} round(s) run again: the host took more than {STEAL_LIMIT:.0%} of the cores' time "
                   f"during their worker builds (steal)")
-        parts = (("files", 0), ("steady", 1), ("whole", 2))
-        for part, i in parts:
+        parts = ("files", "steady", "whole")  # the rows, in the order of each rate and pair tuple
+        for i, part in enumerate(parts):
             r = {w: rates[w][i] for w in rates}
             paired = statistics.median(p[i] for p in pairs)
             print(f"   {name if i == 0 else '':<15}{part:<8}{r[0]:>12,.0f}{r[1]:>12,.0f}{r[workers]:>12,.0f}{r[workers] / r[1]:>12.2f}x"
                   f"{paired:>8.2f}x{statistics.median(machine):>8.2f}x" + (f"{statistics.median(side_by_side):>9.2f}x" if i == 2 else ""))
-        spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for part, i in parts)
+        spread = "; ".join(f"{part} {' '.join(f'{p[i]:.2f}' for p in pairs)}" for i, part in enumerate(parts))
         print(f"   {'':<15}(paired, each round: {spread};")
         print(f"   {'':<15}{workers} builds side by side, each round: {' '.join(f'{x:.2f}' for x in side_by_side)})")
         work = {}  # part -> per worker count, median CPU-s of the workers and of the coordinator
-        for part, i in parts[:2]:  # the work of each part (the whole is their sum)
+        for i, part in enumerate(parts[:2]):  # the work of each part (the whole is their sum)
             work[part] = ", ".join(
                 f"{statistics.median(b[i][0] for b in PART_CPU[name, w]):.2f} + {statistics.median(b[i][1] for b in PART_CPU[name, w]):.2f}"
                 f" ({w} worker{'s' if w > 1 else ''})" for w in (1, workers))
