@@ -19,6 +19,53 @@ from .dispatch_messages import QueueRuns
 
 SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time, without NumPy
 
+try:
+    from ._dispatch import RowIndex as _RowIndex
+except ImportError:  # the extension is optional: without it, PythonRowIndex
+    _RowIndex = None
+
+
+class PythonRowIndex:
+    """`_dispatch.RowIndex` (its docs are in the module source) in Python, where the extension is
+    not built: frontier-table rows by queue code (topic number << 32 | queue id as unsigned), and
+    `advance`, the fast path of a batch's commit."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def set(self, code: int, row: int) -> None:
+        if row < 0:
+            raise ValueError(f"a frontier-table row is not negative, not {row}")
+        self._rows[code] = row
+
+    def get(self, code: int) -> int:
+        return self._rows.get(code, -1)
+
+    def advance(self, numbers: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray, counts: np.ndarray,
+                frontiers: np.ndarray, files_end: np.ndarray, pending: np.ndarray, skip: np.ndarray | None, rows: np.ndarray) -> int:
+        n = len(firsts)
+        bad = np.flatnonzero((topic_ids < 0) | (topic_ids >= len(numbers)))
+        if len(bad):
+            raise ValueError(f"run {bad[0]} names topic id {topic_ids[bad[0]]} of {len(numbers)}")
+        codes = (numbers[topic_ids] << 32) | (queue_ids.astype(np.int64) & 0xFFFFFFFF)
+        found = np.fromiter((self._rows.get(code, -1) for code in codes.tolist()), np.int64, n)
+        if n and found.max() >= len(frontiers):
+            i = int(np.argmax(found))
+            raise ValueError(f"run {i}'s queue has row {found[i]}, past the table's {len(frontiers)}")
+        known = np.maximum(found, 0)
+        ends = firsts + counts
+        fast = found >= 0
+        if fast.any():
+            fast &= (frontiers[known] == firsts) & ~pending[known] & (ends <= files_end[known])
+        if skip is not None:
+            fast &= ~skip
+        frontiers[found[fast]] = ends[fast]
+        rows[:] = np.where(fast, found, -2 - found)
+        return n - int(np.count_nonzero(fast))
+
 
 class QueueCommitter:
     """Advances the store's queues over the runs of slots of the batch at the head (`commit`),
@@ -26,11 +73,9 @@ class QueueCommitter:
 
     def __init__(self, queues: ConsumeQueueStore) -> None:
         self.queues = queues
-        # the queues' rows in the frontier table, by (topic number << 32 | queue id), sorted
         self._topic_numbers: dict[str, int] = {}
-        self._code_of: dict[int, int] = {}
-        self._codes = np.zeros(0, np.int64)
-        self._code_rows = np.zeros(0, np.int64)
+        # the queues' rows in the frontier table by code (topic number << 32 | queue id), and back
+        self._rows = _RowIndex() if _RowIndex is not None else PythonRowIndex()
         self._row_keys: dict[int, QueueKey] = {}
 
     def queue_at(self, key: QueueKey, first: int) -> ConsumeQueue:
@@ -48,23 +93,24 @@ class QueueCommitter:
     def commit(self, runs: QueueRuns, changes: dict[QueueKey, int], listeners: bool) -> None:
         """Commit the head batch's runs of slots.  A queue whose run starts at its frontier (the
         rule: every earlier batch is committed), with nothing pending and its files mapped, is
-        advanced in one NumPy assignment for all of them (in a batch naming SMALL_COMMIT queues
-        at most, one scalar assignment each); the others (new queues, runs that are not
-        contiguous) one by one.  Every queue moved is in `changes` (key -> new frontier), those
-        advanced together only when `listeners` (someone will be told)."""
+        advanced by `RowIndex.advance` with the others like it, in one pass (in a batch naming
+        SMALL_COMMIT queues at most, one scalar assignment each); the others (new queues, runs
+        that are not contiguous) one by one.  Every queue moved is in `changes` (key -> new
+        frontier), those advanced together only when `listeners` (someone will be told)."""
         table = self.queues.frontiers
+        names = runs.topic_names
         if len(runs) <= SMALL_COMMIT:
             # a few queues: each known queue whose run starts at its frontier advanced with a few
             # scalar reads and one write of its row (NumPy's setup would cost more than the work)
-            numbers = [self._topic_number(t) for t in runs.topic_names]
-            code_of, extras = self._code_of, runs.extras
+            numbers = [self._topic_number(t) for t in names]
+            row_of, extras = self._rows.get, runs.extras
             frontiers, files_end, pending = table.frontiers, table.files_end, table.pending
             row_keys = self._row_keys if listeners else None
             slow = []
             for i, (t, q, first, count) in enumerate(zip(runs.topic_ids.tolist(), runs.queue_ids.tolist(), runs.firsts.tolist(),
                                                          runs.counts.tolist())):
                 code = (numbers[t] << 32) | (q & 0xFFFFFFFF)
-                row = code_of.get(code, -1)
+                row = row_of(code)
                 end = first + count
                 if row >= 0 and frontiers[row] == first and end <= files_end[row] and not pending[row] and i not in extras:
                     frontiers[row] = end
@@ -75,31 +121,32 @@ class QueueCommitter:
             if not slow:
                 return
         else:
-            numbers = np.array([self._topic_number(t) for t in runs.topic_names], dtype=np.int64)
-            code_array = (numbers[runs.topic_ids] << 32) | (runs.queue_ids.astype(np.int64) & 0xFFFFFFFF)
-            first_array = runs.firsts
-            end_array = first_array + runs.counts
-            rows = np.full(len(code_array), -1, dtype=np.int64)
-            if len(self._codes):
-                at = np.minimum(np.searchsorted(self._codes, code_array), len(self._codes) - 1)
-                rows = np.where(self._codes[at] == code_array, self._code_rows[at], -1)
-            known = np.maximum(rows, 0)
-            fast = (rows >= 0) & (table.frontiers[known] == first_array) & ~table.pending[known] & (end_array <= table.files_end[known])
+            n = len(runs)
+            found = list(map(self._topic_numbers.get, names))  # a light queue is a topic of its own: 10,000 in a batch
+            if None in found:
+                found = [self._topic_number(t) if number is None else number for t, number in zip(names, found)]
+            numbers = np.array(found, dtype=np.int64)
+            skip = None
             if runs.extras:
-                fast[list(runs.extras)] = False
-            fast_rows = known[fast]
-            table.frontiers[fast_rows] = end_array[fast]  # one row per queue in a batch
-            if listeners:
+                skip = np.zeros(n, dtype=np.bool_)
+                skip[list(runs.extras)] = True
+            rows = np.empty(n, dtype=np.int64)
+            left = self._rows.advance(numbers, runs.topic_ids, runs.queue_ids, runs.firsts, runs.counts, table.frontiers,
+                                      table.files_end, table.pending, skip, rows)
+            if listeners and left < n:
+                fast = rows >= 0
                 row_keys = self._row_keys
-                changes.update(zip([row_keys[r] for r in fast_rows.tolist()], end_array[fast].tolist()))
-            slow_at = np.flatnonzero(~fast)
-            if not len(slow_at):
+                changes.update(zip([row_keys[r] for r in rows[fast].tolist()], (runs.firsts[fast] + runs.counts[fast]).tolist()))
+            if not left:
                 return
             # as lists, not one NumPy scalar at a time: a batch may start thousands of new queues
-            slow = zip(slow_at.tolist(), runs.topic_ids[slow_at].tolist(), runs.queue_ids[slow_at].tolist(),
-                       code_array[slow_at].tolist(), rows[slow_at].tolist(), first_array[slow_at].tolist(), end_array[slow_at].tolist())
-        registered = False
-        names = runs.topic_names
+            slow_at = np.flatnonzero(rows < 0)
+            topic_ids = runs.topic_ids[slow_at]
+            queue_ids = runs.queue_ids[slow_at]
+            codes = (numbers[topic_ids] << 32) | (queue_ids.astype(np.int64) & 0xFFFFFFFF)
+            firsts = runs.firsts[slow_at]
+            slow = zip(slow_at.tolist(), topic_ids.tolist(), queue_ids.tolist(), codes.tolist(), (-2 - rows[slow_at]).tolist(),
+                       firsts.tolist(), (firsts + runs.counts[slow_at]).tolist())
         queues = self.queues.queues
         upf = self.queues.units_per_file
         extras = runs.extras
@@ -117,7 +164,6 @@ class QueueCommitter:
                 changes[key] = cq.commit_frontier
             if row != cq.row and cq.table is table:
                 self._register(code, cq.row, key)
-                registered = True
         if fresh:
             keys, codes, firsts, ends = zip(*fresh)
             adopted = ConsumeQueue.adopted_many(self.queues.root, upf, table, keys, firsts, ends)
@@ -125,17 +171,10 @@ class QueueCommitter:
                 queues[key] = cq
                 changes[key] = end
                 self._register(code, cq.row, key)
-            registered = True
-        if registered:
-            self._codes = np.fromiter(self._code_of.keys(), dtype=np.int64, count=len(self._code_of))
-            self._code_rows = np.fromiter(self._code_of.values(), dtype=np.int64, count=len(self._code_of))
-            order = np.argsort(self._codes)
-            self._codes, self._code_rows = self._codes[order], self._code_rows[order]
 
     def _register(self, code: int, row: int, key: QueueKey) -> None:
-        """The queue `key` (topic number << 32 | queue id: `code`) has frontier-table row `row`;
-        `_codes` is sorted again after the batch's registrations."""
-        self._code_of[code] = row
+        """The queue `key` (topic number << 32 | queue id: `code`) has frontier-table row `row`."""
+        self._rows.set(code, row)
         self._row_keys[row] = key
 
     def _topic_number(self, topic: str) -> int:
