@@ -8,7 +8,8 @@ up to each size in turn; then, at each size, it times commits of batches of `--b
 (each run at its queue's frontier, the common case) and of the same with one new queue among them,
 and prints the median of each and their ratio.  The ratio is the point: starting one queue must not
 cost the batch much more than the queues it names (it once meant sorting every queue's code again:
-137-150 ms a batch at a million queues).  Compare figures within a run only.
+at a million queues, 179 ms against 42 without the new queue, 4.2x).  Compare figures within a run
+only.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main() -> None:
         store = ConsumeQueueStore(Path(tmp) / "consumequeue", 1000)  # no file is made: they are mapped when first read
         committer = QueueCommitter(store)
         frontier: dict[str, int] = {}  # the next slot of each queue started
-        made = 0
+        made = 0  # queues %LMQ%q0 .. q{made - 1} started
         rng = np.random.default_rng(7)
         print(f"commit of a batch of {args.batch:,} known queues, alone and with one new queue (median of {ROUNDS}):")
         print(f"{'queues':>11} {'known only':>12} {'one new':>12} {'ratio':>7}   (starting {args.batch:,} at a time: ms a batch)")
@@ -66,8 +67,7 @@ def main() -> None:
                 for times, new in ((known, False), (with_new, True)):
                     picked = [f"%LMQ%q{i}" for i in rng.choice(made, size=args.batch, replace=False).tolist()]
                     if new:
-                        picked[-1] = f"%LMQ%new{made}"
-                        made += 1
+                        picked[-1] = f"%LMQ%new{len(frontier)}"
                     runs = _runs(picked, [frontier.get(name, 0) for name in picked])
                     t = time.perf_counter()
                     committer.commit(runs, {}, False)
