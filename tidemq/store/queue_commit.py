@@ -25,6 +25,12 @@ except ImportError:  # the extension is optional: without it, PythonRowIndex
     _RowIndex = None
 
 
+def queue_codes_of(numbers: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray) -> np.ndarray:
+    """The codes of queues (topic number << 32 | queue id as unsigned) given by their topic ids
+    (`numbers`: the committer's number of each topic id) and queue ids."""
+    return (numbers[topic_ids] << 32) | (queue_ids.astype(np.int64) & 0xFFFFFFFF)
+
+
 class PythonRowIndex:
     """`_dispatch.RowIndex` (its docs are in the module source) in Python, where the extension is
     not built: frontier-table rows by queue code (topic number << 32 | queue id as unsigned), and
@@ -50,7 +56,7 @@ class PythonRowIndex:
         bad = np.flatnonzero((topic_ids < 0) | (topic_ids >= len(numbers)))
         if len(bad):
             raise ValueError(f"run {bad[0]} names topic id {topic_ids[bad[0]]} of {len(numbers)}")
-        codes = (numbers[topic_ids] << 32) | (queue_ids.astype(np.int64) & 0xFFFFFFFF)
+        codes = queue_codes_of(numbers, topic_ids, queue_ids)
         found = np.fromiter((self._rows.get(code, -1) for code in codes.tolist()), np.int64, n)
         if n and found.max() >= len(frontiers):
             i = int(np.argmax(found))
@@ -102,7 +108,7 @@ class QueueCommitter:
         if len(runs) <= SMALL_COMMIT:
             # a few queues: each known queue whose run starts at its frontier advanced with a few
             # scalar reads and one write of its row (NumPy's setup would cost more than the work)
-            numbers = [self._topic_number(t) for t in names]
+            numbers = self._numbers(names)
             row_of, extras = self._rows.get, runs.extras
             frontiers, files_end, pending = table.frontiers, table.files_end, table.pending
             row_keys = self._row_keys if listeners else None
@@ -122,10 +128,7 @@ class QueueCommitter:
                 return
         else:
             n = len(runs)
-            found = list(map(self._topic_numbers.get, names))  # a light queue is a topic of its own: 10,000 in a batch
-            if None in found:
-                found = [self._topic_number(t) if number is None else number for t, number in zip(names, found)]
-            numbers = np.array(found, dtype=np.int64)
+            numbers = np.array(self._numbers(names), dtype=np.int64)
             skip = None
             if runs.extras:
                 skip = np.zeros(n, dtype=np.bool_)
@@ -143,7 +146,7 @@ class QueueCommitter:
             slow_at = np.flatnonzero(rows < 0)
             topic_ids = runs.topic_ids[slow_at]
             queue_ids = runs.queue_ids[slow_at]
-            codes = (numbers[topic_ids] << 32) | (queue_ids.astype(np.int64) & 0xFFFFFFFF)
+            codes = queue_codes_of(numbers, topic_ids, queue_ids)
             firsts = runs.firsts[slow_at]
             slow = zip(slow_at.tolist(), topic_ids.tolist(), queue_ids.tolist(), codes.tolist(), (-2 - rows[slow_at]).tolist(),
                        firsts.tolist(), (firsts + runs.counts[slow_at]).tolist())
@@ -176,6 +179,14 @@ class QueueCommitter:
         """The queue `key` (topic number << 32 | queue id: `code`) has frontier-table row `row`."""
         self._rows.set(code, row)
         self._row_keys[row] = key
+
+    def _numbers(self, names: list[str]) -> list[int]:
+        """The number of each topic of `names`, new ones numbered now: one dict lookup each, as a
+        light queue is a topic of its own (a batch may name 10,000)."""
+        numbers = list(map(self._topic_numbers.get, names))
+        if None in numbers:
+            numbers = [self._topic_number(t) if number is None else number for t, number in zip(names, numbers)]
+        return numbers
 
     def _topic_number(self, topic: str) -> int:
         number = self._topic_numbers.get(topic)
