@@ -136,3 +136,43 @@ def test_committer_starts_advances_and_reports_queues(tmp_path, monkeypatch, com
     assert changes == {("a", 0): UNITS + 5} and frontier("a", 0) == UNITS + 5
     committer.commit(_runs([("a", 0, UNITS + 5, 1)]), changes := {}, True)
     assert changes == {("a", 0): UNITS + 6}
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_committer_adopts_new_queues_together_beside_queues_loaded_from_disk(tmp_path, monkeypatch, compiled):
+    if not compiled:
+        monkeypatch.setattr(queue_commit, "_RowIndex", None)
+    units = 4
+    first = ConsumeQueueStore(tmp_path / "cq", units)
+    for q in range(3):  # queue 0 fills its first file; 1 and 2 stop inside it
+        cq = first.get_or_create("old", q)
+        for slot in range(units if q == 0 else 2):
+            cq.put(slot, 1000 * q + 100 * slot, 100, 0)
+    first.close()
+    store = ConsumeQueueStore(tmp_path / "cq", units)  # the three loaded, unknown to a new committer
+    committer = QueueCommitter(store)
+    loaded = {q: store.queues[("old", q)] for q in range(3)}
+    runs = ([("new", q, 0, 2) for q in range(30)] + [("late", 0, 8, 3)]
+            + [("old", 0, units, 2), ("old", 1, 2, 1), ("old", 2, 3, 1)])
+    committer.commit(_runs(runs), changes := {}, True)
+    # the loaded queues kept their objects: one moved past its file into the next, one moved
+    # inside it, and the one whose run starts past its frontier waits
+    assert all(store.queues[("old", q)] is loaded[q] for q in range(3))
+    assert changes == {**{("new", q): 2 for q in range(30)}, ("late", 0): 11, ("old", 0): units + 2, ("old", 1): 3}
+    assert [loaded[q].commit_frontier for q in range(3)] == [units + 2, 3, 2]
+    assert [qf.start for qf in loaded[0]._files] == [0, units]
+    late = store.queues[("late", 0)]
+    assert (late.min_offset, late.commit_frontier, [qf.start for qf in late._files]) == (8, 11, [8])
+    new = [store.queues[("new", q)] for q in range(30)]
+    assert len({cq.row for cq in new + list(loaded.values()) + [late]}) == 34
+    assert all(cq.min_offset == 0 and cq.commit_frontier == 2 and cq._files[0].path == f"{tmp_path}/cq/new/{cq.queue_id}/{0:020d}"
+               and cq._files[0]._mm is None for cq in new)
+    # every queue is known now: the next batch's runs at their frontiers advance together, and
+    # reach the queue objects readers hold
+    committer.commit(_runs([("new", q, 2, 1) for q in range(30)] + [("late", 0, 11, 1), ("old", 0, units + 2, 1),
+                                                                       ("old", 1, 3, 1)]), changes := {}, True)
+    assert changes == {**{("new", q): 3 for q in range(30)}, ("late", 0): 12, ("old", 0): units + 3, ("old", 1): 4}
+    assert [cq.commit_frontier for cq in new] == [3] * 30 and loaded[1].commit_frontier == 4
+    # the waiting slot of old/2 joins when its gap fills
+    committer.commit(_runs([("old", 2, 2, 1)]), changes := {}, True)
+    assert changes == {("old", 2): 4}

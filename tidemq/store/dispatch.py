@@ -258,6 +258,7 @@ class ConsumeQueueStore:
     def __init__(self, root: Path, units_per_file: int = DEFAULT_UNITS_PER_FILE) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.root_name = str(self.root)  # one string for every queue's (ConsumeQueue.root): a store may hold millions
         spread_topic_directories(self.root)
         self.units_per_file = units_per_file
         self.queues: dict[QueueKey, ConsumeQueue] = {}
@@ -269,7 +270,7 @@ class ConsumeQueueStore:
             for queue_dir in sorted(topic_dir.iterdir()):
                 if queue_dir.is_dir() and queue_dir.name.lstrip("-").isdigit():
                     key = (topic_dir.name, int(queue_dir.name))
-                    cq = ConsumeQueue(self.root, key[0], key[1], units_per_file, table=self.frontiers)
+                    cq = ConsumeQueue(self.root_name, key[0], key[1], units_per_file, table=self.frontiers)
                     if cq.is_empty:
                         cq.close()
                     else:
@@ -288,7 +289,7 @@ class ConsumeQueueStore:
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None:
-            cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file, table=self.frontiers)
+            cq = ConsumeQueue(self.root_name, topic, queue_id, self.units_per_file, table=self.frontiers)
             self.queues[key] = cq
         return cq
 

@@ -82,7 +82,7 @@ class QueueCommitter:
         self._topic_numbers: dict[str, int] = {}
         # the queues' rows in the frontier table by code (topic number << 32 | queue id), and back
         self._rows = _RowIndex() if _RowIndex is not None else PythonRowIndex()
-        self._row_keys: dict[int, QueueKey] = {}
+        self._row_keys: list[QueueKey | None] = []  # by row
 
     def queue_at(self, key: QueueKey, first: int) -> ConsumeQueue:
         """The queue of `key`; one seen for the first time is started at slot `first` (its files
@@ -91,7 +91,7 @@ class QueueCommitter:
         cq = queues.queues.get(key)
         if cq is None or cq.is_empty:
             if cq is None:
-                cq = queues.queues[key] = ConsumeQueue(queues.root, key[0], key[1], queues.units_per_file, load=False,
+                cq = queues.queues[key] = ConsumeQueue(queues.root_name, key[0], key[1], queues.units_per_file, load=False,
                                                        table=queues.frontiers)
             cq.adopt_files(first)
         return cq
@@ -142,57 +142,82 @@ class QueueCommitter:
                 changes.update(zip([row_keys[r] for r in rows[fast].tolist()], (runs.firsts[fast] + runs.counts[fast]).tolist()))
             if not left:
                 return
-            # as lists, not one NumPy scalar at a time: a batch may start thousands of new queues
             slow_at = np.flatnonzero(rows < 0)
+            upf = self.queues.units_per_file
+            # new queues starting a file, each run in that file (10,000 in one batch of
+            # bench/dispatch.py): adopted together
+            new = (rows[slow_at] == -1) & (runs.firsts[slow_at] % upf == 0) & (runs.counts[slow_at] <= upf)
+            if skip is not None:
+                new &= ~skip[slow_at]
+            if new.any():
+                known = self._adopt(names, numbers, runs, slow_at[new], changes)
+                slow_at = np.union1d(slow_at[~new], known) if len(known) else slow_at[~new]
+            # as lists, not one NumPy scalar at a time
             topic_ids = runs.topic_ids[slow_at]
             queue_ids = runs.queue_ids[slow_at]
             codes = queue_codes_of(numbers, topic_ids, queue_ids)
             firsts = runs.firsts[slow_at]
             slow = zip(slow_at.tolist(), topic_ids.tolist(), queue_ids.tolist(), codes.tolist(), (-2 - rows[slow_at]).tolist(),
                        firsts.tolist(), (firsts + runs.counts[slow_at]).tolist())
-        queues = self.queues.queues
-        upf = self.queues.units_per_file
         extras = runs.extras
-        fresh: list[tuple[QueueKey, int, int, int]] = []  # new queues to adopt together: key, code, first, end
         for i, topic_id, queue_id, code, row, first, end in slow:
             key = (names[topic_id], queue_id)
-            if row < 0 and not first % upf and end - first <= upf and key not in queues and i not in extras:
-                # a new queue starting a file, its run in that file (10,000 in one batch of
-                # bench/dispatch.py): adopted with the others below
-                fresh.append((key, code, first, end))
-                continue
             cq = self.queue_at(key, first)
             extra = extras.get(i)
             if cq.commit_range(first, end) | (extra is not None and self._commit_extra(cq, extra)):
                 changes[key] = cq.commit_frontier
             if row != cq.row and cq.table is table:
                 self._register(code, cq.row, key)
-        if fresh:
-            keys, codes, firsts, ends = zip(*fresh)
-            adopted = ConsumeQueue.adopted_many(self.queues.root, upf, table, keys, firsts, ends)
-            for key, code, end, cq in zip(keys, codes, ends, adopted):
-                queues[key] = cq
-                changes[key] = end
-                self._register(code, cq.row, key)
+
+    def _adopt(self, names: list[str], numbers: np.ndarray, runs: QueueRuns, at: np.ndarray,
+               changes: dict[QueueKey, int]) -> np.ndarray:
+        """Start the queues of runs `at` (each unknown to the row index, its run in one file
+        starting at its first slot, without extras) together (`ConsumeQueue.adopted_many`), but
+        for those the store already has (loaded from disk, not committed here yet): the runs of
+        these are returned, to be committed one by one."""
+        queues = self.queues.queues
+        topic_ids, queue_ids = runs.topic_ids[at], runs.queue_ids[at]
+        keys = list(zip(map(names.__getitem__, topic_ids.tolist()), queue_ids.tolist()))
+        known = np.zeros(0, dtype=at.dtype)
+        if not queues.keys().isdisjoint(keys):
+            had = np.fromiter(map(queues.__contains__, keys), dtype=bool, count=len(keys))
+            known, at, topic_ids, queue_ids = at[had], at[~had], topic_ids[~had], queue_ids[~had]
+            keys = [key for key, old in zip(keys, had.tolist()) if not old]
+            if not keys:
+                return known
+        firsts = runs.firsts[at]
+        ends = (firsts + runs.counts[at]).tolist()
+        adopted = ConsumeQueue.adopted_many(self.queues.root_name, self.queues.units_per_file, self.queues.frontiers, keys,
+                                            firsts.tolist(), ends)
+        queues.update(zip(keys, adopted))
+        changes.update(zip(keys, ends))
+        rows = range(adopted[0].row, adopted[0].row + len(keys))  # taken together
+        set_row = self._rows.set
+        for code, row in zip(queue_codes_of(numbers, topic_ids, queue_ids).tolist(), rows):
+            set_row(code, row)
+        row_keys = self._row_keys
+        if len(row_keys) < rows.stop:
+            row_keys.extend([None] * (rows.stop - len(row_keys)))
+        row_keys[rows.start : rows.stop] = keys
+        return known
 
     def _register(self, code: int, row: int, key: QueueKey) -> None:
         """The queue `key` (topic number << 32 | queue id: `code`) has frontier-table row `row`."""
         self._rows.set(code, row)
-        self._row_keys[row] = key
+        row_keys = self._row_keys
+        if len(row_keys) <= row:
+            row_keys.extend([None] * (row + 1 - len(row_keys)))
+        row_keys[row] = key
 
     def _numbers(self, names: list[str]) -> list[int]:
-        """The number of each topic of `names`, new ones numbered now: one dict lookup each, as a
-        light queue is a topic of its own (a batch may name 10,000)."""
-        numbers = list(map(self._topic_numbers.get, names))
+        """The number of each topic of `names`, new ones numbered now, in order: one dict lookup
+        each, as a light queue is a topic of its own (a batch may name 10,000)."""
+        known = self._topic_numbers
+        numbers = list(map(known.get, names))
         if None in numbers:
-            numbers = [self._topic_number(t) if number is None else number for t, number in zip(names, numbers)]
+            for i in [i for i, number in enumerate(numbers) if number is None]:
+                numbers[i] = known.setdefault(names[i], len(known))
         return numbers
-
-    def _topic_number(self, topic: str) -> int:
-        number = self._topic_numbers.get(topic)
-        if number is None:
-            number = self._topic_numbers[topic] = len(self._topic_numbers)
-        return number
 
     @staticmethod
     def _commit_extra(cq: ConsumeQueue, extra: list[int]) -> bool:
