@@ -100,8 +100,9 @@ class QueueCommitter:
         """Commit the head batch's runs of slots.  A queue whose run starts at its frontier (the
         rule: every earlier batch is committed), with nothing pending and its files mapped, is
         advanced by `RowIndex.advance` with the others like it, in one pass (in a batch naming
-        SMALL_COMMIT queues at most, one scalar assignment each); the others (new queues, runs
-        that are not contiguous) one by one.  Every queue moved is in `changes` (key -> new
+        SMALL_COMMIT queues at most, one scalar assignment each); new queues starting a file are
+        started together (`_adopt`, in a larger batch); the others (runs that are not contiguous,
+        new queues starting mid-file) one by one.  Every queue moved is in `changes` (key -> new
         frontier), those advanced together only when `listeners` (someone will be told)."""
         table = self.queues.frontiers
         names = runs.topic_names
@@ -195,19 +196,21 @@ class QueueCommitter:
         set_row = self._rows.set
         for code, row in zip(queue_codes_of(numbers, topic_ids, queue_ids).tolist(), rows):
             set_row(code, row)
-        row_keys = self._row_keys
-        if len(row_keys) < rows.stop:
-            row_keys.extend([None] * (rows.stop - len(row_keys)))
-        row_keys[rows.start : rows.stop] = keys
+        self._row_keys_to(rows.stop)[rows.start : rows.stop] = keys
         return known
 
     def _register(self, code: int, row: int, key: QueueKey) -> None:
         """The queue `key` (topic number << 32 | queue id: `code`) has frontier-table row `row`."""
         self._rows.set(code, row)
+        self._row_keys_to(row + 1)[row] = key
+
+    def _row_keys_to(self, stop: int) -> list[QueueKey | None]:
+        """The keys by row, the list grown to `stop` rows at least (rows the committer has not
+        registered hold None)."""
         row_keys = self._row_keys
-        if len(row_keys) <= row:
-            row_keys.extend([None] * (row + 1 - len(row_keys)))
-        row_keys[row] = key
+        if len(row_keys) < stop:
+            row_keys.extend([None] * (stop - len(row_keys)))
+        return row_keys
 
     def _numbers(self, names: list[str]) -> list[int]:
         """The number of each topic of `names`, new ones numbered now, in order: one dict lookup
