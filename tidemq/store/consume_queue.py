@@ -510,7 +510,7 @@ class ConsumeQueue:
         self._start_at(first_offset)
 
     @classmethod
-    def adopted_many(cls, root: Path, units_per_file: int, table: FrontierTable, keys: Sequence[tuple[str, int]],
+    def adopted_many(cls, root: Path | str, units_per_file: int, table: FrontierTable, keys: Sequence[tuple[str, int]],
                      firsts: Sequence[int], ends: Sequence[int]) -> list["ConsumeQueue"]:
         """New queues whose files starting at `firsts` parallel-dispatch workers made, queue i's
         slots [firsts[i], ends[i]) written and now committed: what `ConsumeQueue(load=False)`,
