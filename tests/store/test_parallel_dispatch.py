@@ -26,7 +26,7 @@ from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
 from tidemq.store.key_index import KeyIndex
 from tidemq.store.batch_builder import BatchBuilder, owner_of
 from tidemq.store.dispatch_messages import Channel, IndexAppend, UnitsHandover
-from tidemq.store.worker_process import CRASH_ENV, MALLOC_ENV, WARM_HEAP_BYTES
+from tidemq.store.worker_process import CRASH_ENV, MALLOC_ENV, MAPPINGS_ENV, WARM_HEAP_BYTES
 from tidemq.store.parallel_dispatch import ParallelDispatcher
 from tidemq.store.recovery import scan_log
 from trees import same_tree
@@ -129,13 +129,15 @@ class ScriptedDispatcher(ParallelDispatcher):
     checked.  With `hold_index`, the builders keep the index entries as worker processes do, and
     the head's append request is answered among the other answers, at a random point."""
 
-    def __init__(self, *args, rng: random.Random, check, hold_index: bool = False, **kwargs) -> None:
+    def __init__(self, *args, rng: random.Random, check, hold_index: bool = False, mappings: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.rng = rng
         self.check = check
         self.builders = []
         for owner in range(self.worker_count):
             builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
+            if mappings is not None:  # a small budget: the builders hand the other builders' queues over
+                builder.max_queue_files = mappings
             builder.hold_index = hold_index
             builder.owner, builder.owners = owner, self.worker_count
             self.builders.append(builder)
@@ -204,8 +206,10 @@ queue_layouts = st.sampled_from(["many", "few", "hot"])
     batch_bytes=st.integers(300, 6000),
     seed=st.integers(0, 2**32 - 1),
     hold_index=st.booleans(),
+    hand_over=st.booleans(),
 )
-def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_path_factory, layout, count, workers, batch_bytes, seed, hold_index):
+def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_path_factory, layout, count, workers, batch_bytes, seed, hold_index,
+                                                                             hand_over):
     base = tmp_path_factory.mktemp("orders")
     rng = random.Random(seed)
     if layout == "many":
@@ -239,13 +243,14 @@ def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_
             frontiers[key] = frontier
 
     dispatcher = ScriptedDispatcher(
-        log, cqs, index, 0, workers, batch_bytes=batch_bytes, inline_bytes=0, rng=rng, check=check, hold_index=hold_index
+        log, cqs, index, 0, workers, batch_bytes=batch_bytes, inline_bytes=0, rng=rng, check=check, hold_index=hold_index,
+        mappings=2 if hand_over else None,
     )
     dispatcher.listeners.append(listener)
     dispatcher.dispatch_until(log.write_position)
     assert dispatcher.dispatched_offset == log.write_position
     assert (dispatcher.worker_appends > 0) == hold_index  # entries appended by the "worker", in order
-    if workers > 1 and layout != "hot":
+    if hand_over and workers > 1 and layout != "hot":
         assert dispatcher.handed_over > 0  # queues of another worker's share were in batches
     assert frontiers == assigned  # every committed entry was announced, up to the last
     for cq in expected.values():
@@ -430,28 +435,47 @@ def _builders_of_two_owners(tmp_path: Path, layout: list[tuple[str, int]]):
     return assigned, root, builders, task
 
 
-@pytest.mark.parametrize("count", [12, 600], ids=["small batch", "large batch"])
-def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, count):
-    """Builder 0 of 2 makes the files of the queues it owns only; the units of the others go,
-    whole, to builder 1, whose writing them completes files equal to the single thread's.  Built
-    again, the batch hands nothing over in a large batch: the other queues' files are made."""
-    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(count)]
+def _runs_name_every_queue(result, assigned) -> bool:
+    """The runs of a batch's result name every queue of the batch, owned or not."""
+    queues = result.queues
+    return sorted((queues.topic_names[t], q) for t, q in zip(queues.topic_ids.tolist(), queues.queue_ids.tolist())) == sorted(assigned)
+
+
+def test_a_builder_given_a_small_batch_writes_its_own_queues_and_hands_the_others_over(tmp_path):
+    """A batch of 16 records at most, its units written one at a time: builder 0 of 2 makes the
+    files of the queues it owns only; the units of the others go, whole, to builder 1, whose
+    writing them completes files equal to the single thread's."""
+    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(12)]
     assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
     result = builders[0].build(task)
-    assert result.records == count
+    assert result.records == 12
     mine = {key for key in assigned if owner_of(*key, 2) == 0}
     assert mine and mine != set(assigned)
     assert {(p.parent.name, int(p.name)) for p in root.glob("*/*")} == mine  # no file of another worker's queue
-    # the runs name every queue of the batch, owned or not
-    assert sorted((result.queues.topic_names[t], q) for t, q in zip(result.queues.topic_ids.tolist(), result.queues.queue_ids.tolist())) == sorted(assigned)
+    assert _runs_name_every_queue(result, assigned)
     assert [owner for owner, _ in result.handovers] == [1]
     handover = pickle.loads(result.handovers[0][1])
     assert type(handover) is UnitsHandover and handover.batch_id == task.batch_id
     assert sum(handover.counts.tolist()) == sum(count for key, count in assigned.items() if key not in mine) == len(handover.units) // 20
     builders[1].write_handover(handover)
-    again = builders[0].build(task)
-    if count > 16:  # (a small batch's units are written one at a time, by their owner)
-        assert again.handovers == []
+    for builder in builders:
+        builder.close()
+    assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []
+
+
+def test_a_builder_writes_the_runs_of_the_other_workers_queues_making_their_files(tmp_path):
+    """A large batch: builder 0 of 2 writes every queue, the other worker's too, making the
+    files their owner has not made, and hands nothing over; the files equal the single thread's.
+    Builder 1, building the same batch, finds every file made."""
+    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(600)]
+    assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
+    assert {owner_of(*key, 2) for key in assigned} == {0, 1}
+    result = builders[0].build(task)
+    assert result.records == 600 and result.handovers == []
+    assert _runs_name_every_queue(result, assigned)
+    assert {(p.parent.name, int(p.name)) for p in root.glob("*/*")} == set(assigned)
+    assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []
+    assert builders[1].build(task).handovers == []
     for builder in builders:
         builder.close()
     assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []
@@ -460,14 +484,14 @@ def test_a_builder_writes_its_own_queues_and_hands_the_others_over(tmp_path, cou
 def test_a_builder_at_half_its_mappings_hands_the_other_queues_over_even_when_made(tmp_path):
     layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(600)]
     assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
-    builders[1].write_handover(pickle.loads(builders[0].build(task).handovers[0][1]))  # every queue's file made
+    assert builders[0].build(task).handovers == []  # every queue's file made
     builders[0].close_queue_files()
-    builders[0].max_queue_files = 2  # one file of another worker's queue mapped, then half the budget is used
+    builders[0].max_queue_files = 2  # its own queues' files mapped first: half the budget is used
     handovers = builders[0].build(task).handovers
     others = {key for key in assigned if owner_of(*key, 2) == 1}
+    assert [owner for owner, _ in handovers] == [1]
     handover = pickle.loads(handovers[0][1])
-    handed = {(handover.topic_names[t], q) for t, q in zip(handover.topic_ids.tolist(), handover.queue_ids.tolist())}
-    assert [owner for owner, _ in handovers] == [1] and handed < others and len(handed) == len(others) - 1
+    assert {(handover.topic_names[t], q) for t, q in zip(handover.topic_ids.tolist(), handover.queue_ids.tolist())} == others
     builders[1].write_handover(handover)
     for builder in builders:
         builder.close()
@@ -575,6 +599,8 @@ def test_a_worker_dying_part_way_through_a_write_is_undone_or_finished_by_its_re
     # units to write dies halfway through writing them: its replacement (owner of the same
     # queues) is given them again, and the head batch waits for them.
     monkeypatch.setenv(CRASH_ENV, f"{point}:{tmp_path / 'crashed'}")
+    if point == "handover":
+        monkeypatch.setenv(MAPPINGS_ENV, "4")  # the workers hand the other worker's queues over
     layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
     log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
@@ -606,8 +632,9 @@ def test_workers_write_into_the_files_other_workers_made_instead_of_handing_unit
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
         assert dispatcher.dispatch_until(log.write_position) == len(layout)
         assert dispatcher.worker_batches >= 4 and dispatcher.inline_batches == 0
-        # every batch held queues of both workers; once their files were made, none was handed over
-        assert dispatcher.handovers_forwarded < dispatcher.worker_batches
+        # every batch held queues of both workers, whose runs went into their files: none was
+        # handed over but maybe those of a last batch of 16 records at most (written one at a time)
+        assert dispatcher.handovers_forwarded <= 2
         mapped = {worker.number: _mapped_queues(worker.pid) for worker in dispatcher._pool.workers}
         assert sorted(mapped) == [0, 1]
         for number, queues in mapped.items():

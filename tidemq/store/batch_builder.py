@@ -5,21 +5,26 @@ queues the store has through their own mappings); the messages it takes and answ
 dispatch_messages.
 
 Queue ownership: with N workers, worker k owns the queues for which `owner_of(topic, queue id, N)`
-is k (a CRC-32 of the topic name plus the queue id, modulo N: the same in every process), and
-makes their files.  Building a batch, a worker writes the units of its own queues, and those of
-another worker's queue whose slots in the batch are one run into the queue's file when the owner
-has made it already (`_made_queue_file`: mapped then, while the builder's mappings are under half
-their budget); the rest of each other worker's queues it packs into a `UnitsHandover` (per queue
-its first slot and count, the 20-byte units back to back), which travels pickled inside the
-`BatchResult`; the coordinator forwards it unopened to the owner, who writes the units and answers
-`UnitsWritten`.  So a queue's files are made by one worker only, and units are handed over while
-a queue is new (and with more queues than half a worker's mappings); with 10,000 queues, handing
-every other queue's units over in every batch made 2 workers' steady state 11-33% slower (ext4,
-two runs) than writing them where the files are.  A batch naming few queues (`DIRECT_QUEUES`: 10
-busy queues, one hot queue) its builder writes whole, owned or not, making files as needed, as
-handing them over costs more than making a few files in each worker.  The run of slots of every
-queue of the batch, its own or not, is in the `BatchResult` (`QueueRuns`).  A builder with one
-owner (the coordinator's inline builder) writes every queue itself.
+is k (a CRC-32 of the topic name plus the queue id, modulo N: the same in every process).
+Building a batch, a worker writes the units of its own queues first, making their files, then
+those of each other worker's queue whose slots in the batch are one run, into the queue's file
+(`_other_queue_file`: mapped, and made if its owner has not made it yet, while the builder's
+mappings are under half their budget); the rest of each other worker's queues it packs into a
+`UnitsHandover` (per queue its first slot and count, the 20-byte units back to back), which
+travels pickled inside the `BatchResult`; the coordinator forwards it unopened to the owner, who
+writes the units and answers `UnitsWritten`.  So units are handed over for a queue whose slots
+are not one run, and with more queues than half a worker's mappings, when each worker keeps to
+its own queues' files.  Two workers meeting the same new queues each make its own share first,
+and then mostly find the other's made.  With 10,000 queues, handing every other queue's units
+over in every batch made 2 workers' steady state 11-33% slower (ext4, two runs) than writing them
+where the files are; handing over those whose owner had not made the file yet (before, only
+owners made files) cost the first two batches of bench/dispatch.py's files half about 10,000
+looks for files that were not there, and 2 workers took 7-9% more CPU time over that half (4 of
+5 paired rounds, a scratch harness) than making the files where missing.  A batch naming few
+queues (`DIRECT_QUEUES`: 10 busy queues, one hot queue) its builder writes whole without working
+out owners, as handing them over costs more than making a few files in each worker.  The run of
+slots of every queue of the batch, its own or not, is in the `BatchResult` (`QueueRuns`).  A
+builder with one owner (the coordinator's inline builder) writes every queue itself.
 
 In a worker process the key-index entries of a batch stay in the worker (`hold_index`): when the
 batch reaches the head, the coordinator asks that worker to append them (`IndexAppend`) to the
@@ -147,9 +152,9 @@ class BatchBuilder:
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
         self.hold_index = False  # keep each batch's index entries for `append_index`
         self.between_steps = None  # called between decoding a batch and writing it (a worker answers appends there)
-        # this builder writes the units of the queues `owner_of(..., owners)` gives it, and hands
-        # the others over (`UnitsHandover`) unless the batch names `direct_queues` at most; one
-        # owner: every queue is its own
+        # this builder owns the queues `owner_of(..., owners)` gives it; of the others it writes
+        # the runs while under half its budget and hands the rest over (`UnitsHandover`), unless
+        # the batch names `direct_queues` at most; one owner: every queue is its own
         self.owner = 0
         self.owners = 1
         self.direct_queues = 0  # a worker process: DIRECT_QUEUES
@@ -169,13 +174,13 @@ class BatchBuilder:
             self._segments[task.segment_path] = mm
         return mm
 
-    def _made_queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
-        """A file of another worker's queue, mapped if its owner has made it and this builder's
-        mappings are under half their budget (with more queues than that, each worker keeps to
-        its own); None otherwise: the units are handed over."""
+    def _other_queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
+        """A file of another worker's queue, mapped (and made, if its owner has not made it yet)
+        while this builder's mappings are under half their budget (with more queues than that,
+        each worker keeps to its own); None otherwise: the units are handed over."""
         if self._own_mappings() >= self.max_queue_files // 2:
             return None
-        return self._queue_file(topic, queue_id, file_start, upf, create=False)
+        return self._queue_file(topic, queue_id, file_start, upf)
 
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
         """The queue's file starting at slot `file_start`, mapped (a `_queue_file.Mapping`, or an
@@ -294,9 +299,10 @@ class BatchBuilder:
         return (topic_crcs[topic_ids] + (queue_ids.astype(np.int64) & 0xFFFFFFFF)) % self.owners
 
     def _write_units(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
-        """Write the queue entries of `columns` for the queues this builder owns (every queue when
-        the batch names `direct_queues` at most), each at its slot; returns, per queue (owned or
-        not), the slots of the batch, and the units handed over to each other owner."""
+        """Write the queue entries of `columns`, each at its slot: its own queues' and the runs of
+        the others' (see the module docstring; every queue when the batch names `direct_queues`
+        at most); returns, per queue (owned or not), the slots of the batch, and the units handed
+        over to each other owner."""
         if len(columns) <= SMALL_BATCH:
             return self._write_units_small(columns, batch_id)
         rows = queue_rows(columns)
@@ -321,11 +327,16 @@ class BatchBuilder:
         if self.owners > 1 and len(starts) > self.direct_queues:
             group_owners = self._owners_of(names, group_topic_ids, group_queue_ids)
             mine = group_owners == self.owner
-            # the other workers' queues: the runs go into the files this builder maps or finds
-            # made, the rest (and every queue whose slots are not one run) is handed over
+            # its own queues first, then the runs of the other workers' queues, into their files
+            # (made here if their owners have not made them yet, while under half the budget):
+            # two workers meeting the same new queues each make its own share first, and then
+            # mostly find the other's made; the rest (and every queue whose slots are not one
+            # run) is handed over
+            self._write_groups(names, self._rotated(np.flatnonzero(mine)), group_topic_ids, group_queue_ids, firsts, starts, stops,
+                               contiguous, slots, units, unit_bytes)
             others = np.flatnonzero(~mine & contiguous)
-            unwritten = self._write_groups(names, others, group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous, slots,
-                                           units, unit_bytes, self._made_queue_file)
+            unwritten = self._write_groups(names, self._rotated(others), group_topic_ids, group_queue_ids, firsts, starts, stops,
+                                           contiguous, slots, units, unit_bytes, self._other_queue_file)
             handed = np.zeros(len(starts), dtype=bool)
             handed[~mine & ~contiguous] = True
             handed[unwritten] = True
@@ -340,13 +351,9 @@ class BatchBuilder:
                     None if contiguous[picked].all() else slots[picked_rows], units[picked_rows].tobytes(),
                 )
                 handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
-            own = np.flatnonzero(mine)
-            if not len(own):
-                return runs, handovers
-        else:
-            own = np.arange(len(starts))  # every queue is this builder's
-        self._write_groups(names, self._rotated(own), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous, slots,
-                           units, unit_bytes)
+        else:  # every queue is this builder's
+            self._write_groups(names, self._rotated(np.arange(len(starts))), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous,
+                               slots, units, unit_bytes)
         return runs, handovers
 
     def _write_groups(self, names: list[str], order: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray,

@@ -34,6 +34,9 @@ from .dispatch import QueueKey
 from .dispatch_messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
+# a worker's budget of queue-file mappings, when set (tests: with a small one, workers hand the
+# other workers' queues over, as with more queues than half the usual budget)
+MAPPINGS_ENV = "TIDEMQ_DISPATCH_WORKER_MAPPINGS"
 # glibc's malloc in a worker process (the coordinator puts these in its environment): arrays of
 # up to 32 MiB come from the heap, and up to 128 MiB of freed heap stays mapped; and the worker
 # touches WARM_HEAP_BYTES of heap as it starts (`_warm_heap`).  By default arrays past 128 KB
@@ -76,7 +79,8 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
     # not bound them: with 10,000 queues and a limit of 20,000, each of 2 workers stopped mapping
     # the other's files at 9,872 mappings (half its budget) and handed 128 queues' units over in
     # every batch
-    builder.max_queue_files = open_files.mapping_budget(1.0, descriptors=batch_builder.MAPPINGS_HOLD_DESCRIPTORS)
+    builder.max_queue_files = int(os.environ.get(MAPPINGS_ENV) or open_files.mapping_budget(
+        1.0, descriptors=batch_builder.MAPPINGS_HOLD_DESCRIPTORS))
     builder.hold_index = True
     builder.owner = owner
     builder.owners = owners
