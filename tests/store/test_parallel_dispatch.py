@@ -626,7 +626,7 @@ def _mapped_queues(pid: int) -> set[tuple[str, int]]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
-def test_workers_write_into_the_files_other_workers_made_instead_of_handing_units_over(tmp_path):
+def test_workers_write_the_other_workers_queues_into_their_files_instead_of_handing_units_over(tmp_path):
     layout = [(f"t{i % 3}", (i // 3) % 40) for i in range(3000)]
     log, assigned = build_log(tmp_path / "log", layout, segment_size=256 * 1024)
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:

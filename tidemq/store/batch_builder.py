@@ -182,20 +182,16 @@ class BatchBuilder:
             return None
         return self._queue_file(topic, queue_id, file_start, upf)
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
-        """The queue's file starting at slot `file_start`, mapped (a `_queue_file.Mapping`, or an
-        `mmap.mmap` without the extension) and kept in `_files`; made if need be when `create`,
-        else None if it is not there."""
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
+        """The queue's file starting at slot `file_start`, made if need be, mapped (a
+        `_queue_file.Mapping`, or an `mmap.mmap` without the extension) and kept in `_files`."""
         if self._own_mappings() >= self.max_queue_files:
             self.close_queue_files()
         path = f"{self.root}/{topic}/{queue_id}/{file_name(file_start * UNIT_SIZE)}"
         # every creator extends to the same size: idempotent; random access, so that a first
         # write reads in one page, not the file (readahead): with 10,000 new queues that was
         # most of the cost of making their files
-        mm = map_file(path, upf * UNIT_SIZE, create)
-        if mm is None:
-            return None
-        self._files[(topic, queue_id, file_start)] = mm
+        mm = self._files[(topic, queue_id, file_start)] = map_file(path, upf * UNIT_SIZE, True)
         return mm
 
     def _own_mappings(self) -> int:
@@ -553,7 +549,7 @@ class ThreadBuilder(BatchBuilder):
         self._let_borrowed_go(if_dropped=True)
         return super().build(task)
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int, create: bool = True):
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
         cq = self._store_queues.get((topic, queue_id))
         if cq is not None:
             mm = cq.mapping_of(file_start)
@@ -564,7 +560,7 @@ class ThreadBuilder(BatchBuilder):
                     self._files[key] = mm
                     self._borrowed.add(key)
                 return mm
-        return super()._queue_file(topic, queue_id, file_start, upf, create)
+        return super()._queue_file(topic, queue_id, file_start, upf)
 
     def _let_borrowed_go(self, if_dropped: bool = False) -> None:
         """Forget the queues' mappings kept (the compiled loop's cache first: it holds their
