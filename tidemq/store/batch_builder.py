@@ -19,7 +19,7 @@ and then mostly find the other's made.  With 10,000 queues, handing every other 
 over in every batch made 2 workers' steady state 11-33% slower (ext4, two runs) than writing them
 where the files are; handing over those whose owner had not made the file yet (before, only
 owners made files) cost the first two batches of bench/dispatch.py's files half about 10,000
-looks for files that were not there, and 2 workers took 7-9% more CPU time over that half (4 of
+looks for files that were not there, and 2 workers took 6-10% more CPU time over that half (4 of
 5 paired rounds, a scratch harness) than making the files where missing.  A batch naming few
 queues (`DIRECT_QUEUES`: 10 busy queues, one hot queue) its builder writes whole without working
 out owners, as handing them over costs more than making a few files in each worker.  The run of
