@@ -320,6 +320,11 @@ class BatchBuilder:
             runs.extras[group] = extra
         handovers = []
         unit_bytes = memoryview(units.tobytes())
+
+        def write(groups: np.ndarray, open_file=None) -> list[int]:  # `_write_groups` of these groups, rotated
+            return self._write_groups(names, self._rotated(groups), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous,
+                                      slots, units, unit_bytes, open_file)
+
         if self.owners > 1 and len(starts) > self.direct_queues:
             group_owners = self._owners_of(names, group_topic_ids, group_queue_ids)
             mine = group_owners == self.owner
@@ -328,11 +333,8 @@ class BatchBuilder:
             # two workers meeting the same new queues each make its own share first, and then
             # mostly find the other's made; the rest (and every queue whose slots are not one
             # run) is handed over
-            self._write_groups(names, self._rotated(np.flatnonzero(mine)), group_topic_ids, group_queue_ids, firsts, starts, stops,
-                               contiguous, slots, units, unit_bytes)
-            others = np.flatnonzero(~mine & contiguous)
-            unwritten = self._write_groups(names, self._rotated(others), group_topic_ids, group_queue_ids, firsts, starts, stops,
-                                           contiguous, slots, units, unit_bytes, self._other_queue_file)
+            write(np.flatnonzero(mine))
+            unwritten = write(np.flatnonzero(~mine & contiguous), self._other_queue_file)
             handed = np.zeros(len(starts), dtype=bool)
             handed[~mine & ~contiguous] = True
             handed[unwritten] = True
@@ -348,8 +350,7 @@ class BatchBuilder:
                 )
                 handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
         else:  # every queue is this builder's
-            self._write_groups(names, self._rotated(np.arange(len(starts))), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous,
-                               slots, units, unit_bytes)
+            write(np.arange(len(starts)))
         return runs, handovers
 
     def _write_groups(self, names: list[str], order: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray,
