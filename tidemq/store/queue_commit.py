@@ -218,8 +218,9 @@ class QueueCommitter:
         known = self._topic_numbers
         numbers = list(map(known.get, names))
         if None in numbers:
-            for i in [i for i, number in enumerate(numbers) if number is None]:
-                numbers[i] = known.setdefault(names[i], len(known))
+            for i, number in enumerate(numbers):
+                if number is None:
+                    numbers[i] = known.setdefault(names[i], len(known))
         return numbers
 
     @staticmethod
