@@ -243,6 +243,32 @@ def test_builders_mapping_their_files_compiled_or_with_mmap_write_the_same_files
     assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_without_a_file_opener_runs_go_only_into_the_files_mapped_already(tmp_path, monkeypatch, compiled):
+    """open_file None (a builder past half its budget writing the other workers' queues): a run
+    whose file the builder has not mapped is left unwritten, no file is made for it, and the
+    runs into mapped files are written; the compiled loop and the Python one alike."""
+    if compiled and batch_builder._write_runs is None:
+        pytest.skip("the compiled extension is not built")
+    if not compiled:
+        monkeypatch.setattr(batch_builder, "_write_runs", None)
+    builder = BatchBuilder(str(tmp_path), 4, False)
+    builder._queue_file("a", 0, 0, 4)  # a/0 slots 0-3
+    builder._queue_file("a", 1, 4, 4)  # a/1 slots 4-7 (not its first file)
+    rows = np.array([(0, 0, 1), (0, 1, 4), (0, 2, 0), (0, 1, 2)], np.int64)  # (topic id, queue id, slot)
+    units = np.array([(100 + i, 10 + i, i) for i in range(len(rows))], UNIT_DTYPE)
+    starts = np.arange(len(rows))
+    unwritten = builder._write_groups(["a"], starts, rows[:, 0], rows[:, 1], rows[:, 2], starts, starts + 1,
+                                      np.ones(len(rows), bool), None, units, memoryview(units.tobytes()), None)
+    builder.close()
+    assert unwritten == [2, 3]  # a/2 and a/1's first file: not mapped
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        "a/0/00000000000000000000", "a/1/00000000000000000080"]
+    first = np.frombuffer((tmp_path / "a" / "0" / "00000000000000000000").read_bytes(), UNIT_DTYPE)
+    later = np.frombuffer((tmp_path / "a" / "1" / "00000000000000000080").read_bytes(), UNIT_DTYPE)
+    assert first[1].tolist() == units[0].tolist() and later[0].tolist() == units[1].tolist()
+
+
 @pytest.mark.skipif(batch_builder._RunCache is None, reason="the compiled extension is not built")
 def test_the_compiled_loops_cache_of_mappings_follows_topics_by_name_and_lets_the_builder_close_them(tmp_path):
     """The compiled loop keeps the files it writes mapped in a RunCache by topic, queue and file:
@@ -256,7 +282,7 @@ def test_the_compiled_loops_cache_of_mappings_follows_topics_by_name_and_lets_th
         units = np.array([fill] * len(rows), UNIT_DTYPE)
         starts = np.arange(len(rows))
         unwritten = builder._write_groups(names, starts, rows[:, 0], rows[:, 1], rows[:, 2], starts, starts + 1,
-                                          np.ones(len(rows), bool), None, units, memoryview(units.tobytes()))
+                                          np.ones(len(rows), bool), None, units, memoryview(units.tobytes()), builder._queue_file)
         assert unwritten == []
 
     write(["a", "b"], [(0, 0, 0), (1, 0, 0), (0, 1, 0)], (1, 1, 1))  # the third file closes the first two

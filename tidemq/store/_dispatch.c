@@ -803,8 +803,8 @@ typedef struct {
    cache does not hold: the mapping in `files`, or the one open_file makes (which may close the
    builder's mappings, clearing the cache: the topics are then numbered anew).  Cached when
    `files` keeps it; otherwise its buffer is exported into `view` for this copy alone.  1 with
-   *target and *len set; 0 when open_file gave None (the row goes back to the caller); -1 with an
-   exception set. */
+   *target and *len set; 0 when open_file is or gave None (the row goes back to the caller); -1
+   with an exception set. */
 static int uncached_target(Runs *r, Py_ssize_t tid, PyObject *queue_id, int32_t queue_number, int64_t file_start,
                            Py_ssize_t upf, Py_buffer *view, unsigned char **target, Py_ssize_t *len) {
     PyObject *topic = PyList_GET_ITEM(r->names, tid);
@@ -815,6 +815,10 @@ static int uncached_target(Runs *r, Py_ssize_t tid, PyObject *queue_id, int32_t 
     if (mm != NULL) {
         Py_INCREF(mm);
     } else if (!PyErr_Occurred()) {
+        if (r->open_file == Py_None) {  /* only files mapped already */
+            found = 0;
+            goto done;
+        }
         uint64_t clears = r->cache != NULL ? r->cache->clears : 0;
         mm = PyObject_CallFunction(r->open_file, "OOOn", topic, queue_id, start, upf);
         if (mm != NULL && r->cache != NULL && r->cache->clears != clears && topic_numbers(r->cache, r->names, &r->numbers) < 0)
@@ -853,8 +857,8 @@ done:
    A queue's files hold upf slots each, upf = units_per_file.get((topic, queue id),
    default_units_per_file); the one holding slot s is files[(topic, queue id, s - s % upf)], or,
    missing there, open_file(topic, queue id, s - s % upf, upf), which maps it (and may close and
-   empty `files`, clearing `cache` first) or returns None: the rest of that row is skipped.
-   Returns the skipped rows' numbers.  With a RunCache, a mapping found in `files` (or put there
+   empty `files`, clearing `cache` first) or returns None: the rest of that row is skipped, as
+   it is at once when open_file is None (the files in `files` only, no call per file).  Returns the skipped rows' numbers.  With a RunCache, a mapping found in `files` (or put there
    by open_file) is cached, and later runs into it look it up there; otherwise each mapping is
    held, and its buffer exported, only for its copy. */
 static PyObject *write_runs(PyObject *self, PyObject *args) {

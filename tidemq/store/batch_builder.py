@@ -321,7 +321,7 @@ class BatchBuilder:
         handovers = []
         unit_bytes = memoryview(units.tobytes())
 
-        def write(groups: np.ndarray, open_file=None) -> list[int]:  # `_write_groups` of these groups, rotated
+        def write(groups: np.ndarray, open_file) -> list[int]:  # `_write_groups` of these groups, rotated
             return self._write_groups(names, self._rotated(groups), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous,
                                       slots, units, unit_bytes, open_file)
 
@@ -333,8 +333,13 @@ class BatchBuilder:
             # two workers meeting the same new queues each make its own share first, and then
             # mostly find the other's made; the rest (and every queue whose slots are not one
             # run) is handed over
-            write(np.flatnonzero(mine))
-            unwritten = write(np.flatnonzero(~mine & contiguous), self._other_queue_file)
+            write(np.flatnonzero(mine), self._queue_file)
+            # past half its budget, only into the files it has mapped already: asking
+            # `_other_queue_file` for each other one, to be told None, was one Python call per
+            # queue and batch (with 10,000 queues and 2 workers past half budget, 115,000 calls
+            # in bench/dispatch.py's steady half)
+            open_other = self._other_queue_file if self._own_mappings() < self.max_queue_files // 2 else None
+            unwritten = write(np.flatnonzero(~mine & contiguous), open_other)
             handed = np.zeros(len(starts), dtype=bool)
             handed[~mine & ~contiguous] = True
             handed[unwritten] = True
@@ -350,19 +355,19 @@ class BatchBuilder:
                 )
                 handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
         else:  # every queue is this builder's
-            write(np.arange(len(starts)))
+            write(np.arange(len(starts)), self._queue_file)
         return runs, handovers
 
     def _write_groups(self, names: list[str], order: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray,
                       starts: np.ndarray, stops: np.ndarray, whole: np.ndarray, slots: np.ndarray | None, units: np.ndarray,
-                      unit_bytes: memoryview, open_file=None) -> list[int]:
+                      unit_bytes: memoryview, open_file) -> list[int]:
         """Write queues' units: for each group i of `order`, in that order, the queue
         (names[topic_ids[i]], queue_ids[i]) gets units[starts[i]:stops[i]]; a `whole` group's go to
         the slots from firsts[i] on, one copy per queue file (by `_dispatch.write_runs` where it is
         built), the others' one at a time to the slots slots[starts[i]:stops[i]] name.  A file not
-        mapped yet is mapped by `open_file` (`_queue_file`, which makes it if need be, by default);
-        if that gives None, the rest of the group is left unwritten.  Returns the groups left so."""
-        open_file = open_file or self._queue_file
+        mapped yet is mapped by `open_file` (`_queue_file` makes it if need be); if that gives None,
+        or `open_file` is None, the rest of the group is left unwritten.  Returns the groups left
+        so."""
         unwritten: list[int] = []
         if _write_runs is not None and not self.exit_after_units:
             runs = order[whole[order]]
@@ -394,7 +399,7 @@ class BatchBuilder:
                 file_start = slot - slot % upf
                 qmm = files.get((topic, queue_id, file_start))
                 if qmm is None:
-                    qmm = open_file(topic, queue_id, file_start, upf)
+                    qmm = open_file(topic, queue_id, file_start, upf) if open_file is not None else None
                     if qmm is None:
                         unwritten.append(group)
                         break
@@ -470,7 +475,7 @@ class BatchBuilder:
         else:
             order = self._rotated(order)
         self._write_groups(handover.topic_names, order, handover.topic_ids, handover.queue_ids, handover.firsts, starts, stops, whole,
-                           handover.slots, units, memoryview(handover.units))
+                           handover.slots, units, memoryview(handover.units), self._queue_file)
         if self.exit_in_handover:
             os._exit(CRASH_EXIT_CODE)  # a worker killed while writing units handed over (tests only)
 
