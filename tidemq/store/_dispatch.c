@@ -858,9 +858,10 @@ done:
    default_units_per_file); the one holding slot s is files[(topic, queue id, s - s % upf)], or,
    missing there, open_file(topic, queue id, s - s % upf, upf), which maps it (and may close and
    empty `files`, clearing `cache` first) or returns None: the rest of that row is skipped, as
-   it is at once when open_file is None (the files in `files` only, no call per file).  Returns the skipped rows' numbers.  With a RunCache, a mapping found in `files` (or put there
-   by open_file) is cached, and later runs into it look it up there; otherwise each mapping is
-   held, and its buffer exported, only for its copy. */
+   it is at once when open_file is None (the files in `files` only, no call per file).  Returns
+   the skipped rows' numbers.  With a RunCache, a mapping found in `files` (or put there by
+   open_file) is cached, and later runs into it look it up there; otherwise each mapping is held,
+   and its buffer exported, only for its copy. */
 static PyObject *write_runs(PyObject *self, PyObject *args) {
     PyObject *files, *names, *upf_of, *open_file, *cache_obj = Py_None;
     Py_ssize_t default_upf;

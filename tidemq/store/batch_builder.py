@@ -336,8 +336,8 @@ class BatchBuilder:
             write(np.flatnonzero(mine), self._queue_file)
             # past half its budget, only into the files it has mapped already: asking
             # `_other_queue_file` for each other one, to be told None, was one Python call per
-            # queue and batch (with 10,000 queues and 2 workers past half budget, 115,000 calls
-            # in bench/dispatch.py's steady half)
+            # queue and batch (115,000 a worker in bench/dispatch.py's steady half of 10,000
+            # queues, 2 workers whose budget was set to 10,000 mappings)
             open_other = self._other_queue_file if self._own_mappings() < self.max_queue_files // 2 else None
             unwritten = write(np.flatnonzero(~mine & contiguous), open_other)
             handed = np.zeros(len(starts), dtype=bool)
