@@ -178,9 +178,12 @@ class BatchBuilder:
         """A file of another worker's queue, mapped (and made, if its owner has not made it yet)
         while this builder's mappings are under half their budget (with more queues than that,
         each worker keeps to its own); None otherwise: the units are handed over."""
-        if self._own_mappings() >= self.max_queue_files // 2:
-            return None
-        return self._queue_file(topic, queue_id, file_start, upf)
+        return self._queue_file(topic, queue_id, file_start, upf) if self._maps_other_files() else None
+
+    def _maps_other_files(self) -> bool:
+        """Whether this builder still maps files of other workers' queues: while its mappings are
+        under half their budget."""
+        return self._own_mappings() < self.max_queue_files // 2
 
     def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
         """The queue's file starting at slot `file_start`, made if need be, mapped (a
@@ -338,7 +341,7 @@ class BatchBuilder:
             # `_other_queue_file` for each other one, to be told None, was one Python call per
             # queue and batch (115,000 a worker in bench/dispatch.py's steady half of 10,000
             # queues, 2 workers whose budget was set to 10,000 mappings)
-            open_other = self._other_queue_file if self._own_mappings() < self.max_queue_files // 2 else None
+            open_other = self._other_queue_file if self._maps_other_files() else None
             unwritten = write(np.flatnonzero(~mine & contiguous), open_other)
             handed = np.zeros(len(starts), dtype=bool)
             handed[~mine & ~contiguous] = True
