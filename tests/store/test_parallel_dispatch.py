@@ -15,6 +15,7 @@ import threading
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -420,6 +421,18 @@ def test_owner_of_is_stable_and_alternates_over_a_topics_queues():
     assert {owner_of("t", q, 2) for q in range(2)} == {0, 1}
     assert owner_of("t", -1, 2) == (zlib.crc32(b"t") + 0xFFFFFFFF) % 2  # the queue id as unsigned
     assert owner_of("t", 5, 1) == 0
+
+
+@pytest.mark.parametrize("owners", [1, 2, 3, 4, 5, 8])
+def test_a_builder_works_out_the_owners_of_a_batchs_queues_as_owner_of_does(owners):
+    names = ["bench", "t", "héllo", ""]
+    rng = random.Random(owners)
+    topic_ids = np.array([rng.randrange(len(names)) for _ in range(500)], np.int32)
+    queue_ids = np.array([rng.choice([0, 1, 7, 999, -1, -2, 2**31 - 1, -2**31]) for _ in range(500)], np.int32)
+    builder = BatchBuilder("unused", 64, False)
+    builder.owners = owners
+    assert builder._owners_of(names, topic_ids, queue_ids).tolist() == [
+        owner_of(names[t], q, owners) for t, q in zip(topic_ids.tolist(), queue_ids.tolist())]
 
 
 def _builders_of_two_owners(tmp_path: Path, layout: list[tuple[str, int]]):

@@ -295,7 +295,12 @@ class BatchBuilder:
             if name not in crcs:
                 crcs[name] = zlib.crc32(name.encode())
         topic_crcs = np.array([crcs[name] for name in names], dtype=np.int64)
-        return (topic_crcs[topic_ids] + (queue_ids.astype(np.int64) & 0xFFFFFFFF)) % self.owners
+        sums = topic_crcs[topic_ids] + (queue_ids.astype(np.int64) & 0xFFFFFFFF)  # never negative
+        owners = self.owners
+        # a power of two (2 workers: 2 cores) takes the low bits: the remainder of an int64 array
+        # divides, 140 us against 38 for 10,000 queues (with 2 workers, 11 ms of a 10,000-queue
+        # log's 112 batches in bench/dispatch.py)
+        return sums & (owners - 1) if owners & (owners - 1) == 0 else sums % owners
 
     def _write_units(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
         """Write the queue entries of `columns`, each at its slot: its own queues' and the runs of
