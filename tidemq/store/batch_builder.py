@@ -348,8 +348,7 @@ class BatchBuilder:
             # queues, 2 workers whose budget was set to 10,000 mappings)
             open_other = self._other_queue_file if self._maps_other_files() else None
             unwritten = write(np.flatnonzero(~mine & contiguous), open_other)
-            handed = np.zeros(len(starts), dtype=bool)
-            handed[~mine & ~contiguous] = True
+            handed = ~mine & ~contiguous  # (a new array)
             handed[unwritten] = True
             for owner in range(self.owners):
                 picked = handed & (group_owners == owner)
