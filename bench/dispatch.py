@@ -223,8 +223,9 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
     print("   thread alone (0 workers).  Dirty pages are written back (sync) before each build, outside the timing.")
     print(f"   Best of {rounds} interleaved rounds; 'N/1 workers' compares the best rates, 'paired' is the median")
     print("   over the rounds of N workers' rate against 1 worker's in the same round (one round's builds run")
-    print("   back to back: a slow spell of the machine hits both sides of a pair; each round's ratio is printed")
-    print("   under the layout, as the two statistics can disagree).  'machine' is the median")
+    print("   back to back, 1 and N workers going first in turn: a slow spell of the machine hits both sides of a")
+    print("   pair; each round's ratio is printed under the layout, as the two statistics can disagree).")
+    print("   'machine' is the median")
     print(f"   over the same rounds of what {workers} plain CPU-bound processes get done against one (measured")
     print("   after each round's builds): the most any parallel work could reach on this machine then.")
     print(f"   '{workers} builds' (whole log) is the median over the rounds of what {workers} 1-worker builds of the same log, each")
@@ -255,7 +256,9 @@ def throughput(root: Path, count: int, workers: int, rounds: int) -> None:
             attempt += 1
             times = {}
             stolen, wall = 0.0, 0.0
-            for w in (0, 1, workers):
+            # the 1-worker and N-worker builds take turns going first, so that neither always
+            # follows the same build (its dirty pages, the memory it freed)
+            for w in ((0, 1, workers) if n % 2 == 0 else (0, workers, 1)):
                 # each build gets a new directory, deleted after the layout's last build, its
                 # queue files (many files) after the last layout's: nothing is deleted between
                 # timed builds.  ext4 without a journal skips inodes freed in the last minute when
