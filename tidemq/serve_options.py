@@ -28,6 +28,10 @@ class ServeOptions:
     renew_ahead_ms: int = 10_000
     renew_interval_ms: int = 5_000
     event_loop: str = "auto"
+    # TLS (tidemq/protocol/tls.py, tidemq/certificate.py)
+    tls: str = "permissive"
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 # flag, config key (RocketMQ's name where one exists), option, help
@@ -52,9 +56,18 @@ OPTIONS = [
     ("--renew-interval-ms", "renewSchedulePeriodMillis", "renew_interval_ms", "how often auto-renewal runs"),
     ("--event-loop", "eventLoop", "event_loop", "auto | uvloop | asyncio (auto: uvloop when installed, "
      "it takes less CPU per call)"),
+    # TLS
+    ("--tls", "tlsServerMode", "tls", "off | permissive | required: TLS and plaintext on the one port "
+     "(default permissive: both)"),
+    ("--tls-cert", "tlsCertPath", "tls_cert", "PEM certificate (chain) for TLS (default: a self-signed one "
+     "created under STORE/config/tls/)"),
+    ("--tls-key", "tlsKeyPath", "tls_key", "PEM private key of --tls-cert"),
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+# RocketMQ's tls.server.mode names (disabled | permissive | enforcing) are accepted too
+_TLS_MODES = {"off": "off", "permissive": "permissive", "required": "required", "disabled": "off",
+              "enforcing": "required"}
 
 
 def _convert(option: str, value):
@@ -92,4 +105,7 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     options.flush = _FLUSH_NAMES[options.flush]
     if options.event_loop not in EVENT_LOOPS:
         raise ValueError(f"event loop must be one of {', '.join(EVENT_LOOPS)}, not {options.event_loop!r}")
+    if options.tls not in _TLS_MODES:
+        raise ValueError(f"--tls must be off, permissive or required, not {options.tls!r}")
+    options.tls = _TLS_MODES[options.tls]
     return options

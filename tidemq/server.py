@@ -11,11 +11,14 @@ import argparse
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 
 from .broker import Broker, BrokerConfig
+from .certificate import certificate_files, certificate_hosts
 from .protocol.grpc import GrpcServer, MessagingService, admin_methods
 from .protocol.grpc.transport import DEFAULT_MAX_RECEIVE_MESSAGE
+from .protocol.tls import OFF, SniffingListener, server_context
 from .serve_options import ServeOptions, resolve_options
 from .store import MessageStore, StoreConfig, raise_open_file_limit
 
@@ -56,7 +59,8 @@ class Server:
         # limit is well above it
         server = GrpcServer({**service.methods(), **admin_methods(self.broker)},
                             max_receive_message_length=max(DEFAULT_MAX_RECEIVE_MESSAGE, 4 * self.options.max_message_size))
-        self.port = await server.start(self.options.listen)
+        listener = await loop.run_in_executor(None, tls_listener, self.options)
+        self.port = await server.start(self.options.listen, listener)
         host = self.options.listen.rpartition(":")[0]
         service.listen_address = f"{host}:{self.port}"
         self.grpc_server = server
@@ -71,6 +75,21 @@ class Server:
             await self.broker.close()
         if self.store is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+
+
+def tls_listener(options: ServeOptions) -> SniffingListener:
+    """The listener for `--tls`: with its certificate (the user's, or the store's self-signed one)
+    unless TLS is off."""
+    context = None
+    if options.tls != OFF:
+        hosts = certificate_hosts(options.listen, options.advertise)
+        cert_file, key_file = certificate_files(options.store, options.tls_cert, options.tls_key, hosts)
+        try:
+            context = server_context(cert_file, key_file)
+        except ssl.SSLError as exc:
+            raise ValueError(f"TLS certificate {cert_file} with key {key_file}: {exc.reason or exc}") from None
+        log.info("TLS %s: certificate %s", options.tls, cert_file)
+    return SniffingListener(options.tls, context)
 
 
 async def serve(options: ServeOptions) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import functools
 import logging
 import struct
 import time
@@ -262,12 +263,15 @@ class GrpcServer:
         self._stopping = False
         self._idle: asyncio.Future | None = None  # set once stopping and no call is left
 
-    async def start(self, address: str) -> int:
-        """Listen on "HOST:PORT" (port 0: any); returns the port."""
+    async def start(self, address: str, listener=None) -> int:
+        """Listen on "HOST:PORT" (port 0: any); returns the port.  `listener(protocol_factory, host,
+        port)`, when given, accepts the connections in place of the loop's `create_server` and
+        returns what stands for the server (`sockets`, `close()`), as `tls.SniffingListener` does."""
         host, _, port = address.rpartition(":")
         host = host.strip("[]") or "127.0.0.1"
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(lambda: _Connection(self), host, int(port), reuse_address=True)
+        listen = listener or functools.partial(self.loop.create_server, reuse_address=True)
+        self._server = await listen(lambda: _Connection(self), host, int(port))
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float) -> None:
