@@ -105,9 +105,11 @@ def _write_self_signed(directory: Path, hosts) -> None:
         .not_valid_before(now - datetime.timedelta(hours=1))  # clocks of clients a little behind
         .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        # its own issuer: grpc's default root store (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) keeps only
+        # certificates that may issue, so that a client can trust this one file
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
                                      crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(key, hashes.SHA256())

@@ -51,6 +51,8 @@ class Server:
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
+        # first: a bad certificate stops the start before the store is opened
+        listener = await loop.run_in_executor(None, tls_listener, self.options)
         self.store = await loop.run_in_executor(None, MessageStore, self.options.store, self.store_config)
         self.broker = Broker(self.store, self.broker_config)
         self.broker.start(loop)
@@ -59,7 +61,6 @@ class Server:
         # limit is well above it
         server = GrpcServer({**service.methods(), **admin_methods(self.broker)},
                             max_receive_message_length=max(DEFAULT_MAX_RECEIVE_MESSAGE, 4 * self.options.max_message_size))
-        listener = await loop.run_in_executor(None, tls_listener, self.options)
         self.port = await server.start(self.options.listen, listener)
         host = self.options.listen.rpartition(":")[0]
         service.listen_address = f"{host}:{self.port}"
