@@ -2,6 +2,7 @@ import asyncio
 
 import pytest
 
+from . import clients
 from .server import ServerProcess
 
 
@@ -22,3 +23,22 @@ def main_thread_event_loop_as_in_a_fresh_process():
     thread 'MainThread'"; about 1 suite run in 8).  Each end-to-end test starts as a fresh
     process would."""
     asyncio.set_event_loop_policy(None)
+
+
+def _official_client(build, tmp_path_factory, name: str):
+    try:
+        return build(tmp_path_factory.mktemp(f"{name}-client-logs"))
+    except clients.ClientUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def java_client(tmp_path_factory) -> clients.OfficialClient:
+    """The official Java client 5.2.0 as a command (tests/e2e/clients.py), built once."""
+    return _official_client(clients.java_client, tmp_path_factory, "java")
+
+
+@pytest.fixture(scope="session")
+def go_client(tmp_path_factory) -> clients.OfficialClient:
+    """The official Go client v5.1.4 as a command (tests/e2e/clients.py), built once."""
+    return _official_client(clients.go_client, tmp_path_factory, "go")
