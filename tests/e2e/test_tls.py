@@ -184,6 +184,16 @@ def test_bad_tls_options_are_refused_with_a_clear_message(tmp_path):
             tls_listener(parse("--store", str(tmp_path / "store"), *args))
 
 
+def test_tls_options_from_the_config_file(tmp_path):
+    config = tmp_path / "tidemq.toml"
+    config.write_text('tlsServerMode = "enforcing"\ntlsCertPath = "/etc/tidemq/cert.pem"\n'
+                      'tlsKeyPath = "/etc/tidemq/key.pem"\n')
+    options = parse("--config", str(config))
+    assert (options.tls, options.tls_cert, options.tls_key) == ("required", "/etc/tidemq/cert.pem", "/etc/tidemq/key.pem")
+    assert parse("--config", str(config), "--tls", "permissive").tls == "permissive"
+    assert parse().tls == "permissive"
+
+
 def test_a_bad_certificate_stops_serve_before_the_store_opens(tmp_path):
     store = tmp_path / "store"
     _, key = certificate_files(tmp_path / "mine")
