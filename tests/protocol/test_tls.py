@@ -169,10 +169,12 @@ def test_required_refuses_plaintext_and_off_refuses_tls(certificate, event_loop)
         off.stop()
 
 
-def test_connections_waiting_for_their_first_byte_are_bounded(certificate):
-    served = serve(certificate, "asyncio", first_byte_timeout=60, max_waiting=4)
+def test_connections_waiting_for_their_first_byte_or_handshake_are_bounded(certificate):
+    served = serve(certificate, "asyncio", first_byte_timeout=60, handshake_timeout=60, max_waiting=4)
     try:
         waiting = [served.connect() for _ in range(4)]
+        for s in waiting[2:]:
+            s.sendall(b"\x16\x03\x01\x02\x00\x01")  # a ClientHello's first bytes
         with served.connect() as s:
             assert closed_by_server(s)  # well before the 60 s every waiting one gets
         waiting[0].sendall(PREFACE)  # it was kept waiting, not closed

@@ -11,9 +11,9 @@ Modes: `off` (plaintext only; a ClientHello is refused), `permissive` (both), `r
 only; plaintext is refused).  A refused connection is closed without an answer.
 
 Bounds a peer cannot lift: a connection whose first byte has not come within
-`first_byte_timeout` is closed; at most `max_waiting` connections wait for their first byte (later
-ones are closed at once); a TLS handshake gets `handshake_timeout`.  A failed handshake closes that
-connection only.
+`first_byte_timeout` is closed; a TLS handshake gets `handshake_timeout`; at most `max_waiting`
+connections wait for their first byte or their handshake (later ones are closed at once).  A failed
+handshake closes that connection only.
 """
 
 from __future__ import annotations
@@ -129,9 +129,9 @@ class SniffingListener:
                 self.loop.remove_reader(listening.fileno())
                 self.loop.call_later(ACCEPT_RETRY_DELAY_S, self._resume_accepting, listening)
                 return
-            if len(self._waiting) >= self.max_waiting:
-                log.warning("closing a connection from %s: %d connections are waiting for their first byte",
-                            _peer(connection), len(self._waiting))
+            if len(self._waiting) + len(self._handovers) >= self.max_waiting:
+                log.warning("closing a connection from %s: %d connections are waiting for their first byte "
+                            "or handshake", _peer(connection), len(self._waiting) + len(self._handovers))
                 connection.close()
                 continue
             connection.setblocking(False)
