@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,3 +89,29 @@ def wait_until(condition, timeout: float = 20.0, what: str = "condition"):
         if time.monotonic() > give_up:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+# a frame's type (SETTINGS) and flags, after its 3-byte length
+_SETTINGS_FRAME_HEADER = b"\x04\x00"
+_CLIENT_PREFACE_AND_SETTINGS = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def speaks_http2(s: socket.socket) -> bool:
+    """Sends the HTTP/2 client preface on a fresh connection (plain or TLS); true when the server's
+    SETTINGS frame comes back."""
+    s.sendall(_CLIENT_PREFACE_AND_SETTINGS)
+    head = b""
+    while len(head) < 5:
+        chunk = s.recv(5 - len(head))
+        if not chunk:
+            return False
+        head += chunk
+    return head[3:5] == _SETTINGS_FRAME_HEADER
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """True when the server ends the connection (within the socket's timeout) without a byte."""
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True

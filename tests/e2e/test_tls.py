@@ -19,10 +19,8 @@ from tidemq.certificate import certificate_files
 from tidemq.protocol.grpc.transport import PREFACE
 from tidemq.server import tls_listener
 
-from .server import ServerProcess, tidemq
+from .server import ServerProcess, closed_by_server, speaks_http2, tidemq
 from .test_serve_options import parse
-
-SETTINGS_FRAME_HEADER = b"\x04\x00"
 
 # The Python SDK verifies the server against grpc's default roots, which grpc reads once per
 # process from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH: it runs in a child process that trusts the file.
@@ -77,24 +75,10 @@ def tls_connection(server: ServerProcess, trusted: str) -> ssl.SSLSocket:
                                server_hostname="127.0.0.1")
 
 
-def speaks_http2(s: socket.socket) -> bool:
-    s.sendall(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-    head = b""
-    while len(head) < 5:
-        chunk = s.recv(5 - len(head))
-        if not chunk:
-            return False
-        head += chunk
-    return head[3:5] == SETTINGS_FRAME_HEADER
-
-
 def plaintext_refused(server: ServerProcess) -> bool:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
         s.sendall(PREFACE)
-        try:
-            return s.recv(1) == b""
-        except ConnectionResetError:
-            return True
+        return closed_by_server(s)
 
 
 def test_python_sdk_with_and_without_tls_on_one_port(server):

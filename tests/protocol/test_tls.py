@@ -15,8 +15,9 @@ from tidemq.certificate import certificate_files
 from tidemq.protocol.grpc.transport import PREFACE, UNARY, GrpcServer, Method
 from tidemq.protocol.tls import OFF, PERMISSIVE, REQUIRED, SniffingListener, server_context
 
+from e2e.server import closed_by_server, speaks_http2
+
 ECHO = "/test.Tls/Echo"
-SETTINGS_FRAME_HEADER = b"\x04\x00"  # a frame's type (SETTINGS) and flags after its 3-byte length
 FIRST_BYTE_TIMEOUT_S = 0.3
 
 
@@ -81,26 +82,6 @@ def tls_client(certificate, served: Served) -> ssl.SSLSocket:
     context = ssl.create_default_context(cafile=certificate[0])
     context.set_alpn_protocols(["h2"])
     return context.wrap_socket(served.connect(), server_hostname="localhost")
-
-
-def speaks_http2(s: socket.socket) -> bool:
-    """Sends the client preface; true when the server's SETTINGS frame comes back."""
-    s.sendall(PREFACE + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-    head = b""
-    while len(head) < 5:
-        chunk = s.recv(5 - len(head))
-        if not chunk:
-            return False
-        head += chunk
-    return head[3:5] == SETTINGS_FRAME_HEADER
-
-
-def closed_by_server(s: socket.socket) -> bool:
-    """True when the server ends the connection (within the socket's timeout) without a byte."""
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 def test_grpc_calls_over_tls_and_plaintext_on_one_port(certificate, served):
