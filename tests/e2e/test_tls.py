@@ -95,7 +95,7 @@ def test_official_clients_send_and_receive(server, request, language, tls):
     client = request.getfixturevalue(f"{language}_client")
     topic = unique(f"{language.capitalize()}Tls")
     receiving = client.start("receive", server.address, "--topic", topic, "--group", topic + "-group", "--count", 4,
-                             "--await-ms", 2000, "--tls", tls)
+                             "--await-ms", 2000, "--timeout-ms", 60_000, "--tls", tls)
     sent = client.run("send", server.address, "--topic", topic, "--count", 4, "--tag", "t", "--keys", "k1,k2",
                       "--tls", tls).check()
     received = receiving.wait().check()
