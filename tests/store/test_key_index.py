@@ -63,7 +63,8 @@ def test_index_file_layout(tmp_path):
     f.close()
     data = (tmp_path / "20231114221320000").read_bytes()
     assert len(data) == file_size(8, 10) == 40 + 8 * 4 + 10 * 20
-    assert struct.unpack_from(">qqqqii", data, 0) == (BASE_TS, BASE_TS + 7000, 100, 300, 8, 4)
+    # hashSlotCount: the slots in use (3 and 5), not the table's size
+    assert struct.unpack_from(">qqqqii", data, 0) == (BASE_TS, BASE_TS + 7000, 100, 300, 2, 4)
     slots = struct.unpack_from(">8i", data, HEADER_SIZE)
     assert slots[3] == 2 and slots[5] == 3 and slots.count(0) == 6
     entries = [struct.unpack_from(">iqii", data, HEADER_SIZE + 8 * 4 + i * ENTRY_SIZE) for i in range(5)]

@@ -12,9 +12,10 @@ from tidemq.store import record
 from tidemq.store.dispatch import DispatchRequest, builds_queue_entry
 from tidemq.store.index_file import key_hashes
 from tidemq.store import scan as scan_module
+from tidemq.store.index_file import record_index_keys
 from tidemq.store.scan import scan
 
-NAMES = ["TAGS", "KEYS", record.PROPERTY_UNIQ_KEY, "a", "XTAGS", "TAG", "KEYSX"]
+NAMES = ["TAGS", "KEYS", record.PROPERTY_UNIQ_KEY, record.LEGACY_PROPERTY_UNIQ_KEY, "DELAY", "a", "XTAGS", "TAG", "KEYSX"]
 TEXT = st.text(alphabet=st.sampled_from(list("ab Z#09\x01é€\U0001d11e ")), max_size=8)
 
 segments = st.one_of(
@@ -26,6 +27,7 @@ segments = st.one_of(
 properties = st.lists(segments, max_size=6).map(b"".join)
 topics = st.one_of(
     st.text(alphabet=st.sampled_from(list("abt_%é")), min_size=1, max_size=10),
+    st.just("SCHEDULE_TOPIC_XXXX"),  # delay levels: units' tags codes are due times
     st.text(alphabet=st.sampled_from(list("xyz")), min_size=128, max_size=140),  # v2
 )
 hosts = st.sampled_from([("127.0.0.1", 10911), ("10.1.2.3", 0), ("::1", 10911), ("2001:db8::7", 80)])
@@ -89,7 +91,7 @@ def expected_index(requests: list[DispatchRequest]):
     for r in requests:
         if r.sysflag & record.TRANSACTION_TYPE_MASK == record.TRANSACTION_ROLLBACK:
             continue
-        for key in ([r.unique_key] if r.unique_key else []) + r.keys:
+        for key in record_index_keys(r.unique_key, r.keys, r.tags):
             texts.append(f"{r.topic}#{key}")
             phys.append(r.commit_log_offset)
             times.append(r.store_timestamp)
@@ -241,7 +243,7 @@ def test_scan_of_a_mapping_keeps_no_export(tmp_path):
         mm = mmap.mmap(f.fileno(), 0)
     columns = scan(mm, 0, len(mm), 0)
     assert len(columns) == 1 and columns.keys(0) == ["k"]
-    assert columns.index_keys()[0].tolist() == key_hashes(["t#k"]).tolist()
+    assert columns.index_keys()[0].tolist() == key_hashes(["t#k", "t#T#x"]).tolist()  # the tag last
     assert np.array_equal(columns.tags_codes, [record.java_string_hash("x")])
     mm.close()
 
@@ -268,5 +270,6 @@ def test_properties_read_in_one_pass_are_those_found_one_by_one(segments, before
         assert scan_module.text_of(properties, name.encode()) == scan_module.property_value(buf, start, end, name)
     old_keys = scan_module.property_value(buf, start, end, record.PROPERTY_UNIQ_KEY)
     keys = scan_module.property_value(buf, start, end, record.PROPERTY_KEYS)
+    tags = scan_module.property_value(buf, start, end, record.PROPERTY_TAGS)
     expected = ([old_keys] if old_keys else []) + ([k for k in keys.split(record.KEY_SEPARATOR) if k] if keys else [])
-    assert scan_module.index_keys_of(properties) == expected
+    assert scan_module.index_keys_of(properties) == expected + ([f"T#{tags}"] if tags else [])

@@ -20,6 +20,7 @@ from .filters import MATCH_ALL, TagFilter, parse_filter
 from .long_polling import LongPolling
 from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_letter_topic
 from .pop_journal import PopJournal, delivery_fields
+from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .pop_state import Delivery, Subscription
 from .publishing import PeerHost, Publisher
 from .sessions import ServerSettings, Sessions
@@ -41,6 +42,10 @@ class Broker:
         self.metadata = Metadata(store.directory / "config")
         self.journal = PopJournal(store.directory / "pop")
         self.subscriptions, replayed_generation = self.journal.replay()
+        # consumed offsets as RocketMQ keeps them: ahead of the journal if another broker
+        # consumed this store since (see consumer_offsets)
+        self.consumer_offsets = ConsumerOffsets(store.directory / "config")
+        adopt_offsets(self.subscriptions, self.consumer_offsets.offsets())
         # handle generations never repeat, not even across restarts with nothing in flight
         self._generation = max(replayed_generation, self.clock() * 1000)
         self.journal.open(self.subscriptions.values())
@@ -80,6 +85,7 @@ class Broker:
             try:
                 self.renew(self.clock())
                 self.journal.sync()
+                self.save_consumer_offsets()
                 if self.journal.needs_compaction():
                     self.journal.compact(self.subscriptions.values())
                 self.sessions.expire(self.clock())
@@ -118,6 +124,11 @@ class Broker:
         for _, timer in self._wake_timers.values():
             timer.cancel()
         self.journal.close()
+        self.save_consumer_offsets()
+
+    def save_consumer_offsets(self) -> None:
+        """Write each group's consumed offsets to consumerOffset.json (if any changed)."""
+        self.consumer_offsets.update(consumed_offsets(self.subscriptions.values()))
 
     # -- metadata -------------------------------------------------------------------------------
 

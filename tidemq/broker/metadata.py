@@ -1,16 +1,19 @@
-"""Topics and consumer groups: their configs, created on first use or by the admin, persisted as
-JSON under `{store}/config/` (`topics.json`, `subscriptionGroups.json`, like RocketMQ's
-`topics.json` and `subscriptionGroup.json`).  Written atomically (temp file + rename)."""
+"""Topics and consumer groups: their configs, created on first use or by the admin, persisted
+under `{store}/config/` in RocketMQ's `topics.json` and `subscriptionGroup.json` (see
+`config_files`: RocketMQ's schemas, unknown fields kept, tidemq's earlier files read too).
+Written atomically (temp file + rename)."""
 
 from __future__ import annotations
 
-import json
-import os
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import DEFAULT_RETRY_BACKOFF_MS
+from .config_files import (
+    GROUP_TABLE, GROUPS_FILE, LEGACY_GROUPS_FILE, TOPIC_TABLE, TOPICS_FILE, ConfigFile,
+    group_from_entry, group_to_entry, topic_from_entry, topic_to_entry,
+)
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "PRIORITY", "LITE")
 DLQ_PREFIX = "%DLQ%"
@@ -48,37 +51,33 @@ class Metadata:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._lock = threading.Lock()
+        self._topic_file = ConfigFile(directory / TOPICS_FILE, TOPIC_TABLE)
+        self._group_file = ConfigFile(directory / GROUPS_FILE, GROUP_TABLE, directory / LEGACY_GROUPS_FILE)
         self.topics: dict[str, TopicConfig] = {
-            name: TopicConfig(**cfg) for name, cfg in self._load("topics.json").items()
+            name: topic_from_entry(TopicConfig, name, entry, self._topic_file.legacy)
+            for name, entry in self._topic_file.table.items()
         }
         self.groups: dict[str, GroupConfig] = {
-            name: GroupConfig(**cfg) for name, cfg in self._load("subscriptionGroups.json").items()
+            name: group_from_entry(GroupConfig, name, entry, self._group_file.legacy)
+            for name, entry in self._group_file.table.items()
         }
-
-    def _load(self, name: str) -> dict:
-        path = self.directory / name
-        if not path.exists():
-            return {}
-        return json.loads(path.read_text())
-
-    def _save(self, name: str, table: dict) -> None:
-        with self._lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / name
-            tmp = path.with_suffix(".tmp")
-            data = json.dumps({k: asdict(v) for k, v in sorted(table.items())}, indent=1)
-            with open(tmp, "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+        if self._topic_file.legacy:  # rewritten in RocketMQ's schema from now on
+            self._topic_file.table.update({name: topic_to_entry(t, None) for name, t in self.topics.items()})
+        if self._group_file.legacy:
+            self._group_file.table.update({name: group_to_entry(g, None) for name, g in self.groups.items()})
 
     def put_topic(self, topic: TopicConfig) -> TopicConfig:
         self.topics[topic.name] = topic
-        self._save("topics.json", self.topics)
+        with self._lock:
+            table = self._topic_file.table
+            table[topic.name] = topic_to_entry(topic, table.get(topic.name))
+            self._topic_file.save()
         return topic
 
     def put_group(self, group: GroupConfig) -> GroupConfig:
         self.groups[group.name] = group
-        self._save("subscriptionGroups.json", self.groups)
+        with self._lock:
+            table = self._group_file.table
+            table[group.name] = group_to_entry(group, table.get(group.name))
+            self._group_file.save()
         return group

@@ -2,7 +2,7 @@
 
 The index is one sequence of entries in commit-log order — each entry links to the previous one of
 its hash slot, across the whole file — so it is written by a single task: Spark decodes the log
-in parallel, turns each record into its entries (UNIQ_KEY first, then every KEYS entry; ROLLBACK
+in parallel, turns each record into its entries (UNIQ_KEY first, then every KEYS entry, then "T#tag"; ROLLBACK
 records get none, as the store's sink does), sorts them by commit-log offset into one partition,
 and that task appends them with the store's own `KeyIndex.append_entries`, so the files are
 byte-identical to what the store's dispatcher builds.
@@ -20,11 +20,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from ..store import record
-from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, key_hashes
+from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, TAG_KEY_PREFIX, IndexFile, key_hashes
 from ..store.key_index import KeyIndex, index_paths
 
 SINK_NAME = "tidemq-keyindex"
-INDEX_COLUMNS = "topic,commit_log_offset,size,store_timestamp,unique_key,keys,sysflag"
+INDEX_COLUMNS = "topic,commit_log_offset,size,store_timestamp,unique_key,keys,tags,sysflag"
 
 
 def index_geometry(directory: Path) -> tuple[int, int] | None:
@@ -32,7 +32,7 @@ def index_geometry(directory: Path) -> tuple[int, int] | None:
     by `IndexFile` from the first file it accepts."""
     for path in index_paths(directory):
         try:
-            index_file = IndexFile(path, 1, 2, create=False, read_only=True)
+            index_file = IndexFile(path, None, None, create=False, read_only=True)
         except ValueError:
             continue  # a damaged or empty file says nothing about the geometry
         try:
@@ -97,15 +97,16 @@ def key_entries(df):
 
     mask = record.TRANSACTION_TYPE_MASK
     df = df.where(df.sysflag.bitwiseAND(mask) != record.TRANSACTION_ROLLBACK)
-    unique = F.when(df.unique_key.isNotNull() & (df.unique_key != ""), F.array(df.unique_key)).otherwise(
-        F.array().cast("array<string>")
-    )
+    none = F.array().cast("array<string>")
+    unique = F.when(df.unique_key.isNotNull() & (df.unique_key != ""), F.array(df.unique_key)).otherwise(none)
+    # the tag last, as the key "T#tag" (index_file.record_index_keys)
+    tag = F.when(df.tags.isNotNull() & (df.tags != ""), F.array(F.concat(F.lit(TAG_KEY_PREFIX), df.tags))).otherwise(none)
     entries = df.select(
         "topic",
         "commit_log_offset",
         "size",
         F.unix_millis("store_timestamp").alias("store_ms"),
-        F.posexplode(F.concat(unique, df["keys"])).alias("pos", "key"),
+        F.posexplode(F.concat(unique, df["keys"], tag)).alias("pos", "key"),
     )
     return entries.repartition(1).sortWithinPartitions("commit_log_offset", "pos")
 

@@ -38,6 +38,7 @@ from ..store import record
 from ..store.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
 from ..store.dispatch import spread_topic_directories
 from ..store.errors import StoreLockedError
+from ..store.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
 from . import plan as planning
 from .columns import arrow_schema, select_schema
 from .source import SOURCE_NAME, CommitLogDataSource, CommitLogReader, CorruptLogError, record_batches
@@ -200,17 +201,27 @@ def queue_units(part, settings) -> Iterator[pa.RecordBatch]:
     groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
     indexed = record.QUEUE_ENTRY_KINDS
     mask, tags_code, tags = record.TRANSACTION_TYPE_MASK, record.tags_code, record.PROPERTY_TAGS
+
+    def add(queue: tuple[str, int], queue_offset: int, r, code: int) -> None:
+        group = groups.get(queue)
+        if group is None:
+            group = groups[queue] = ([], [], [], [])
+        group[0].append(queue_offset)
+        group[1].append(r.commit_log_offset)
+        group[2].append(r.total_size)
+        group[3].append(code)
+
     for batch in record_batches(part, settings):
         for r in batch:
             if r.sysflag & mask not in indexed:
                 continue  # PREPARED and ROLLBACK records get no queue entry
-            group = groups.get((r.topic, r.queue_id))
-            if group is None:
-                group = groups[(r.topic, r.queue_id)] = ([], [], [], [])
-            group[0].append(r.queue_offset)
-            group[1].append(r.commit_log_offset)
-            group[2].append(r.total_size)
-            group[3].append(tags_code(r.properties.get(tags)))
+            properties = r.properties
+            code = tags_code(properties.get(tags))
+            add((r.topic, r.queue_id), r.queue_offset, r,
+                queue_tags_code(r.topic, properties.get(PROPERTY_DELAY), r.store_timestamp, code))
+            # a light queue's unit points at this record (special_queues)
+            for lmq_topic, lmq_queue_id, lmq_offset in lmq_units(r.topic, r.queue_id, properties.get):
+                add((lmq_topic, lmq_queue_id), lmq_offset, r, code)
     if not groups:
         return
     columns: tuple[list, ...] = ([], [], [], [], [])

@@ -32,10 +32,11 @@
  * end of the last record taken, or `start`), and the distinct topics' raw bytes by id; with a true
  * eighth argument `keys`, (count, end, topics, (hashes, rows, slow)): the key index's entries for
  * the rows, hashed as the walk reads each record's properties (for each record that is not a
- * ROLLBACK, its UNIQ_KEY, then each non-empty space-separated KEYS entry): `hashes` (int32) and
- * `rows` (int64, the record of each entry) as bytes, and `slow` listing as (entry, row, first,
- * last) the keys to hash from their decoded text (their or their topic's bytes not all ASCII:
- * hash 0 meanwhile).  A record is
+ * ROLLBACK, its UNIQ_KEY, then each non-empty space-separated KEYS entry, then its non-empty TAGS
+ * value as the key "T#tag"): `hashes` (int32) and `rows` (int64, the record of each entry) as
+ * bytes, and `slow` listing as (entry, row, first, last) the keys to hash from their decoded text
+ * (their or their topic's bytes not all ASCII: hash 0 meanwhile), with `last` as -1 - last for a
+ * tag's "T#tag" key.  A record is
  * taken only if it starts before `soft_stop` and before stop - 90, ends at or before `stop`, and
  * passes every check; the walk stops at the first that does not, or when `capacity` rows are full.
  * Topic bytes are not decoded here: the caller cuts the rows at the first topic that is not UTF-8.
@@ -64,7 +65,9 @@
 
 static const char NAME_TAGS[] = "TAGS";
 static const char NAME_KEYS[] = "KEYS";
-static const char NAME_UNIQ_KEY[] = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX";
+static const char NAME_UNIQ_KEY[] = "UNIQ_KEY";
+/* the name older stores wrote the client message id under: read as UNIQ_KEY unless one is there */
+static const char NAME_LEGACY_UNIQ_KEY[] = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX";
 
 static inline int32_t get32(const unsigned char *p) {
     return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
@@ -178,8 +181,10 @@ static inline int is_name(const unsigned char *p, Py_ssize_t n, const char *name
     return n == name_len && memcmp(p, name, n) == 0;
 }
 
-/* The value ranges of TAGS, UNIQ_KEY and KEYS in the properties buf[first:last]: ranges[0..5]. */
+/* The value ranges of TAGS, UNIQ_KEY and KEYS in the properties buf[first:last]: ranges[0..5]
+   (a legacy-named UNIQ_KEY where the record has no UNIQ_KEY). */
 static void find_properties(const unsigned char *buf, Py_ssize_t first, Py_ssize_t last, int64_t *ranges) {
+    int64_t legacy_first = -1, legacy_last = -1;
     for (int i = 0; i < 6; i++) ranges[i] = -1;
     Py_ssize_t s = first;
     while (s < last) {
@@ -192,12 +197,20 @@ static void find_properties(const unsigned char *buf, Py_ssize_t first, Py_ssize
             if (is_name(buf + s, name_len, NAME_TAGS, sizeof(NAME_TAGS) - 1)) slot = 0;
             else if (is_name(buf + s, name_len, NAME_UNIQ_KEY, sizeof(NAME_UNIQ_KEY) - 1)) slot = 2;
             else if (is_name(buf + s, name_len, NAME_KEYS, sizeof(NAME_KEYS) - 1)) slot = 4;
+            else if (is_name(buf + s, name_len, NAME_LEGACY_UNIQ_KEY, sizeof(NAME_LEGACY_UNIQ_KEY) - 1)) {
+                legacy_first = value;
+                legacy_last = segment_end;
+            }
             if (slot >= 0) {
                 ranges[slot] = value;
                 ranges[slot + 1] = segment_end;
             }
         }
         s = segment_end + 1;
+    }
+    if (ranges[2] < 0) {
+        ranges[2] = legacy_first;
+        ranges[3] = legacy_last;
     }
 }
 
@@ -243,8 +256,9 @@ static void entries_free(Entries *e) {
     free(e->slow);
 }
 
+/* `tag`: the key is "T#" + the bytes (the slow entry's last is then -1 - last) */
 static int add_key(Entries *e, uint32_t prefix, int ascii_topic, const unsigned char *buf, Py_ssize_t row, Py_ssize_t first,
-                   Py_ssize_t last) {
+                   Py_ssize_t last, int tag) {
     if (e->count == e->capacity) {
         Py_ssize_t capacity = e->capacity ? e->capacity * 2 : 1024;
         if (resize((void **)&e->hashes, capacity * sizeof(int32_t)) < 0 || resize((void **)&e->rows, capacity * sizeof(int64_t)) < 0)
@@ -262,7 +276,7 @@ static int add_key(Entries *e, uint32_t prefix, int ascii_topic, const unsigned 
         quad[0] = e->count;
         quad[1] = row;
         quad[2] = first;
-        quad[3] = last;
+        quad[3] = tag ? -1 - last : last;
         e->slow_count += 4;
         hash = 0;
     }
@@ -271,21 +285,28 @@ static int add_key(Entries *e, uint32_t prefix, int ascii_topic, const unsigned 
     return 0;
 }
 
-/* One record's entries: its UNIQ_KEY, then each non-empty space-separated KEYS entry, unless it is
-   a ROLLBACK.  `ranges` are [first, last) of the two values, or -1. */
+/* One record's entries: its UNIQ_KEY, then each non-empty space-separated KEYS entry, then its
+   TAGS value as "T#tag" if not empty, unless it is a ROLLBACK.  `ranges` are [first, last) of the
+   TAGS, UNIQ_KEY and KEYS values, or -1. */
 static int record_keys(Entries *e, const unsigned char *buf, Py_ssize_t row, int32_t sysflag, uint32_t prefix, int ascii_topic,
-                       Py_ssize_t uniq_first, Py_ssize_t uniq_last, Py_ssize_t keys_first, Py_ssize_t keys_last) {
+                       const int64_t *ranges) {
     if ((sysflag & 0xC) == 0xC) return 0;  /* a ROLLBACK is not indexed */
-    if (uniq_first >= 0 && uniq_last > uniq_first && add_key(e, prefix, ascii_topic, buf, row, uniq_first, uniq_last) < 0)
+    Py_ssize_t uniq_first = ranges[2], uniq_last = ranges[3], keys_first = ranges[4], keys_last = ranges[5];
+    if (uniq_first >= 0 && uniq_last > uniq_first && add_key(e, prefix, ascii_topic, buf, row, uniq_first, uniq_last, 0) < 0)
         return -1;
-    if (keys_first < 0) return 0;
-    Py_ssize_t at = keys_first;
-    while (at < keys_last) {
-        while (at < keys_last && buf[at] == ' ') at++;
-        Py_ssize_t token = at;
-        while (at < keys_last && buf[at] != ' ') at++;
-        if (at > token && add_key(e, prefix, ascii_topic, buf, row, token, at) < 0) return -1;
+    if (keys_first >= 0) {
+        Py_ssize_t at = keys_first;
+        while (at < keys_last) {
+            while (at < keys_last && buf[at] == ' ') at++;
+            Py_ssize_t token = at;
+            while (at < keys_last && buf[at] != ' ') at++;
+            if (at > token && add_key(e, prefix, ascii_topic, buf, row, token, at, 0) < 0) return -1;
+        }
     }
+    /* "topic#T#tag": the prefix hash of "topic#" carried over "T#" */
+    if (ranges[0] >= 0 && ranges[1] > ranges[0] &&
+        add_key(e, (prefix * 31u + 'T') * 31u + '#', ascii_topic, buf, row, ranges[0], ranges[1], 1) < 0)
+        return -1;
     return 0;
 }
 
@@ -379,8 +400,7 @@ static void walk(Walk *w) {
         ends[n] = end;
         for (int k = 0; k < 4; k++) key_ranges[k * cap + n] = ranges[2 + k];
         /* hashed here, the bytes just read, rather than read again by a second pass */
-        if (w->keys && record_keys(&w->entries, buf, n, sysflag, w->topics.prefixes[topic_id], w->topics.ascii[topic_id], ranges[2],
-                                   ranges[3], ranges[4], ranges[5]) < 0) {
+        if (w->keys && record_keys(&w->entries, buf, n, sysflag, w->topics.prefixes[topic_id], w->topics.ascii[topic_id], ranges) < 0) {
             w->failed = 1;
             break;
         }

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import record
 from .consume_queue import BLANK_UNIT_SIZE, UNIT_DTYPE, UNIT_SIZE
+from .special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
 
 
 @dataclass
@@ -133,6 +134,18 @@ def inspect(store_dir: Path) -> tuple[list[SegmentInfo], list[QueueInfo], int]:
     return segments, queues, log_end
 
 
+def expected_unit(rec: record.Record, topic: str, queue_id: int) -> tuple[int, int] | None:
+    """(queue offset, tags code) of the unit `rec` has in queue `topic`/`queue_id`: its own, or
+    a light queue's it is multi-dispatched to (special_queues); None if it has none there."""
+    code = record.tags_code(rec.tags)
+    if (rec.topic, rec.queue_id) == (topic, queue_id):
+        return rec.queue_offset, queue_tags_code(rec.topic, rec.properties.get(PROPERTY_DELAY), rec.store_timestamp, code)
+    for lmq_topic, lmq_queue_id, lmq_offset in lmq_units(rec.topic, rec.queue_id, rec.properties.get):
+        if (lmq_topic, lmq_queue_id) == (topic, queue_id):
+            return lmq_offset, code
+    return None
+
+
 def check(store_dir: Path) -> CheckReport:
     """Every record's layout and body CRC; every ConsumeQueue unit against its record."""
     report = CheckReport()
@@ -167,12 +180,14 @@ def check(store_dir: Path) -> CheckReport:
                     rec = record.decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False)
                     if type(rec) is not record.Record:
                         report.problems.append(f"{where}: no valid record at commit-log offset {offset}")
-                    elif (rec.total_size, rec.topic, rec.queue_id, rec.queue_offset) != (size, topic, queue_id, start + i):
+                        continue
+                    expected = expected_unit(rec, topic, queue_id)
+                    if rec.total_size != size or expected is None or expected[0] != start + i:
                         report.problems.append(
                             f"{where}: unit (size {size}) does not match the record at {offset} "
                             f"({rec.topic}/{rec.queue_id} offset {rec.queue_offset}, size {rec.total_size})"
                         )
-                    elif record.tags_code(rec.tags) != tags:
+                    elif expected[1] != tags:
                         report.problems.append(f"{where}: tags code {tags} differs from the record's")
     finally:
         for mm in maps.values():

@@ -5,6 +5,8 @@
    16  indexMsgTimestamp    i64   store time covered by the key index
    24  masterFlushedOffset  i64
    32  confirmPhyOffset     i64   commit-log offset known durable and dispatched
+   40  logicsPhysicalOffset i64   commit-log offset of the newest record in the ConsumeQueues
+                                  as last flushed (RocketMQ 5.5.0 recovers its dispatch from it)
 
 Written by the flush service and at shutdown (write to a temporary file, fsync, rename), so a
 crash leaves either the old or the new checkpoint, never a torn one.
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FILE_SIZE = 4096
-LAYOUT = struct.Struct(">qqqqq")  # 5 × 8 = 40 bytes used
+LAYOUT = struct.Struct(">qqqqqq")  # 6 × 8 = 48 bytes used
+FIVE_FIELDS = struct.Struct(">qqqqq")  # the layout before 5.5.0 (40 bytes)
 SAFETY_MARGIN_MS = 3000
 
 
@@ -29,6 +32,7 @@ class Checkpoint:
     index_msg_timestamp: int = 0
     master_flushed_offset: int = 0
     confirm_phy_offset: int = 0
+    logics_physical_offset: int = 0
 
     @property
     def min_timestamp(self) -> int:
@@ -41,9 +45,11 @@ class Checkpoint:
             data = Path(path).read_bytes()
         except FileNotFoundError:
             return cls()
-        if len(data) < LAYOUT.size:
-            return cls()
-        return cls(*LAYOUT.unpack_from(data, 0))
+        if len(data) >= LAYOUT.size:
+            return cls(*LAYOUT.unpack_from(data, 0))
+        if len(data) >= FIVE_FIELDS.size:
+            return cls(*FIVE_FIELDS.unpack_from(data, 0))
+        return cls()
 
     def save(self, path: Path) -> None:
         path = Path(path)
@@ -54,6 +60,7 @@ class Checkpoint:
             self.index_msg_timestamp,
             self.master_flushed_offset,
             self.confirm_phy_offset,
+            self.logics_physical_offset,
         ).ljust(FILE_SIZE, b"\0")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

@@ -2,8 +2,10 @@
 
     {store}/commitlog/{20-digit start offset}    segment_size bytes each (1 GiB default)
 
-A segment is preallocated (fallocate) when it is opened, so a full disk is an error at roll time,
-never a SIGBUS on a mapped page.  A record never spans two segments: when one does not fit with 8
+A segment is created sparse, its full size but no blocks (as RocketMQ's are), and blocks are
+allocated (fallocate) ahead of the write position in steps of ALLOCATE_STEP before any page there
+is written or warmed: a full disk is an error from `reserve`, with nothing written, never a SIGBUS
+on a mapped page, and one message takes megabytes of disk, not a whole segment.  A record never spans two segments: when one does not fit with 8
 bytes to spare, the rest of the segment gets a blank filler (`record.encode_blank`) and the record
 goes to the next segment, whose start offset is `offset + size - offset % size`.
 
@@ -37,6 +39,9 @@ WARM_AHEAD = 1 << 20
 # zeros ahead of the data once.
 BACKGROUND_WARM_AHEAD = 8 << 20
 BACKGROUND_WARM_STEP = 2 << 20
+# Blocks are allocated this far ahead of the write position at a time (and at least as far as
+# pages are warmed).
+ALLOCATE_STEP = 16 << 20
 _populate_write = hasattr(mmap.mmap, "madvise")
 
 
@@ -45,7 +50,7 @@ def segment_name(start: int) -> str:
 
 
 class Segment:
-    __slots__ = ("start", "size", "path", "fd", "mm", "warm_end")
+    __slots__ = ("start", "size", "path", "fd", "mm", "warm_end", "allocated_end")
 
     def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
         self.start = start
@@ -53,9 +58,8 @@ class Segment:
         self.path = path
         fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
         try:
-            current = os.fstat(fd).st_size
-            if current < size:
-                _preallocate(fd, current, size)
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # sparse: blocks come with `allocate`
             self.mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -64,6 +68,24 @@ class Segment:
             raise
         self.fd = fd
         self.warm_end = 0  # pages below this position are mapped writable (see `warm`)
+        self.allocated_end = 0  # blocks below this position are allocated (see `allocate`)
+
+    def allocate(self, needed: int, wanted: int) -> int:
+        """Have blocks allocated for the segment's bytes up to `wanted`, or at least `needed` if
+        the disk has no room for more; returns how far they are.  Raises OSError (ENOSPC) if not
+        even `needed` fits, having written nothing."""
+        if needed <= self.allocated_end and wanted <= self.allocated_end:
+            return self.allocated_end
+        for end in (min(self.size, wanted), min(self.size, needed)):
+            try:
+                _allocate(self.fd, self.allocated_end, end)
+            except OSError:
+                if end == min(self.size, needed):
+                    raise
+                continue
+            self.allocated_end = max(self.allocated_end, end)
+            break
+        return self.allocated_end
 
     def warm(self, position: int, upto: int, chunk: int) -> int:
         """Map the pages from `position` to `upto` (rounded up to `chunk`) writable in one system call
@@ -72,7 +94,10 @@ class Segment:
         global _populate_write
         if upto <= self.warm_end:
             return self.warm_end
-        end = min(self.size, -(-upto // chunk) * chunk)
+        # never past the page holding the allocated end (see `allocate`)
+        end = min(self.size, -(-upto // chunk) * chunk, -(-self.allocated_end // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if end <= self.warm_end:
+            return self.warm_end
         if _populate_write:
             start = max(self.warm_end, position)
             start -= start % mmap.PAGESIZE
@@ -103,16 +128,18 @@ class Segment:
             pass
 
 
-def _preallocate(fd: int, current: int, size: int) -> None:
+def _allocate(fd: int, start: int, end: int) -> None:
+    """Allocate blocks for [start, end) of a file (already that long)."""
+    if end <= start:
+        return
     try:
-        os.posix_fallocate(fd, current, size - current)
+        os.posix_fallocate(fd, start, end - start)
     except OSError as exc:
         import errno
 
-        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-            os.ftruncate(fd, size)  # the filesystem cannot reserve; fall back to a sparse file
-        else:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise
+        # the filesystem cannot reserve: pages get their blocks as they are written
 
 
 class CommitLog:
@@ -226,18 +253,23 @@ class CommitLog:
         room = segment.size - pos
         if size + BLANK_SIZE > room:
             next_segment = self._ensure_segment(segment.end)  # may raise: nothing written yet
+            next_segment.allocate(size + BLANK_SIZE, size + BLANK_SIZE)  # may raise too
+            segment.allocate(pos + BLANK_SIZE, pos + BLANK_SIZE)
             segment.mm[pos : pos + BLANK_SIZE] = record.encode_blank(room)
             segment, pos = next_segment, 0
             self._active = segment
             self.write_position = offset = segment.start
+        # blocks for the record and the blank that may follow it, and as far ahead as pages warm
+        warm_to = pos + size + (BACKGROUND_WARM_AHEAD if self._warmer is not None else self.warm_ahead)
+        allocated = segment.allocate(pos + size + BLANK_SIZE, max(warm_to, pos + size + ALLOCATE_STEP))  # may raise
         if self._warmer is not None:
-            self._warmer.request(segment, pos, pos + size + BACKGROUND_WARM_AHEAD)
+            self._warmer.request(segment, pos, min(pos + size + BACKGROUND_WARM_AHEAD, allocated))
             ready = min(segment.size, pos + size + BACKGROUND_WARM_STEP)
         elif self.warm_ahead:
-            ready = segment.warm(pos, pos + size + self.warm_ahead, self.warm_ahead)
+            ready = segment.warm(pos, min(pos + size + self.warm_ahead, allocated), self.warm_ahead)
         else:
             ready = min(segment.size, pos + size + (1 << 20))  # no warming: only bounds the fast path
-        self._ready_end = segment.start + min(ready, segment.size - BLANK_SIZE)
+        self._ready_end = segment.start + min(ready, allocated - BLANK_SIZE, segment.size - BLANK_SIZE)
         return segment.mm, pos, offset
 
     def append(self, message: EncodedMessage, queue_offset: int, store_timestamp: int) -> int:

@@ -33,6 +33,7 @@ from . import record
 from .commit_log import CommitLog
 from .consume_queue import DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, ConsumeQueue, FrontierTable
 from .scan import RecordColumns, scan
+from .special_queues import PROPERTY_DELAY, queue_tags_code
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class DispatchRequest:
             queue_id=rec.queue_id,
             commit_log_offset=rec.commit_log_offset,
             size=rec.total_size,
-            tags_code=record.tags_code(rec.properties.get(record.PROPERTY_TAGS)),
+            tags_code=queue_tags_code(
+                rec.topic, rec.properties.get(PROPERTY_DELAY), rec.store_timestamp, record.tags_code(rec.tags)
+            ),
             store_timestamp=rec.store_timestamp,
             queue_offset=rec.queue_offset,
             sysflag=rec.sysflag,
@@ -94,6 +97,10 @@ class DispatchRequest:
     @property
     def unique_key(self) -> str | None:
         return self.properties.get(record.PROPERTY_UNIQ_KEY)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(record.PROPERTY_TAGS)
 
 
 class DispatchBatch:

@@ -3,7 +3,9 @@
 Byte layout (big-endian):
 
     header   40 bytes   beginTs i64, endTs i64, beginPhy i64, endPhy i64,
-                        hashSlotCount i32, indexCount i32 (starts at 1: entry 0 is never used)
+                        hashSlotCount i32: the slots in use (one more each time an entry starts a
+                                           chain, i.e. gets prevIndex 0),
+                        indexCount i32 (starts at 1: entry 0 is never used)
     slots    hash_slots × 4 bytes   i32: the newest entry of the slot's chain, 0 = empty
     entries  max_entries × 20 bytes keyHash i32 + phyOffset i64 + timeDiff i32 + prevIndex i32
                                     = 4 + 8 + 4 + 4 = 20
@@ -14,6 +16,13 @@ Byte layout (big-endian):
 keyHash = abs(Java String.hashCode("topic#key")), with Integer.MIN_VALUE → 0; slot = keyHash %
 hash_slots; timeDiff = whole seconds since beginTs, clamped to [0, 2^31 - 1].  A file holds at most
 max_entries - 1 entries; a full file is followed by a new one.
+
+The slot table's size is not in the file: it is configuration (maxHashSlotNum).  A file whose size
+does not fit the configured geometry is opened with the default one if that fits, else with the
+geometry its own entries prove (entry 1 holds beginPhy and entry indexCount - 1 endPhy), so an
+index written under another configuration still reads.  Files of earlier tidemq versions kept the
+table size in hashSlotCount: a writable open recounts the slots in use when the field is larger
+than the entries could fill.
 
 Entries are appended in commit-log order, a batch at a time, by a compiled loop or with NumPy (the
 chains of one batch linked with a stable sort by slot), so a file is a pure function of the
@@ -68,8 +77,21 @@ def file_name(timestamp_ms: int) -> str:
     return moment.strftime("%Y%m%d%H%M%S") + f"{timestamp_ms % 1000:03d}"
 
 
+TAG_KEY_PREFIX = "T#"  # a record's tag is indexed as the key "T#tag" ("topic#T#tag")
+
+
 def index_key(topic: str, key: str) -> str:
     return f"{topic}#{key}"
+
+
+def record_index_keys(unique_key: str | None, keys, tags: str | None) -> list[str]:
+    """The keys a record is indexed under, in order (RocketMQ 5.5.0's IndexService): its
+    UNIQ_KEY, each KEYS entry, then its tag as "T#tag"; empty values are skipped."""
+    found = [unique_key] if unique_key else []
+    found.extend(k for k in keys if k)
+    if tags:
+        found.append(TAG_KEY_PREFIX + tags)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,10 +134,63 @@ def key_hashes(texts: list[str]) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
+# Geometry of an existing file
+
+
+def _agrees(mm, hash_slots: int, max_entries: int) -> bool:
+    """Whether the file's bytes fit this geometry: entry 0 is zeros, entries 1 and
+    indexCount - 1 hold the header's beginPhy and endPhy, and the last entry heads the chain of
+    its hash's slot (a file without entries agrees with any geometry that fits its size)."""
+    _, _, begin_phy, end_phy, _, count = HEADER.unpack_from(mm, 0)
+    if hash_slots <= 0 or not 2 <= max_entries or file_size(hash_slots, max_entries) != len(mm):
+        return False
+    if count <= 1:
+        return True
+    if count > max_entries:
+        return False
+    entries_at = HEADER_SIZE + hash_slots * SLOT_SIZE
+    if mm[entries_at : entries_at + ENTRY_SIZE] != bytes(ENTRY_SIZE):
+        return False
+    last_hash, last_phy = struct.unpack_from(">iq", mm, entries_at + (count - 1) * ENTRY_SIZE)
+    first_phy = struct.unpack_from(">q", mm, entries_at + ENTRY_SIZE + 4)[0]
+    head = _I32.unpack_from(mm, HEADER_SIZE + (last_hash % hash_slots) * SLOT_SIZE)[0] if last_hash >= 0 else -1
+    return first_phy == begin_phy and last_phy == end_phy and head == count - 1
+
+
+def file_geometry(mm, hash_slots: int | None = None, max_entries: int | None = None) -> tuple[int, int] | None:
+    """(hash slots, max entries) of an index file's bytes: the given geometry, the default one,
+    or the one the entries prove (see the module docstring); None if none fits."""
+    size = len(mm)
+    candidates = [(hash_slots, max_entries), (DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES)]
+    legacy_slots = HEADER.unpack_from(mm, 0)[4]  # earlier tidemq versions: the table size
+    if legacy_slots > 0 and (size - HEADER_SIZE - legacy_slots * SLOT_SIZE) % ENTRY_SIZE == 0:
+        candidates.append((legacy_slots, (size - HEADER_SIZE - legacy_slots * SLOT_SIZE) // ENTRY_SIZE))
+    for slots, entries in candidates:
+        if slots is not None and entries is not None and _agrees(mm, slots, entries):
+            return slots, entries
+    _, _, _, end_phy, _, count = HEADER.unpack_from(mm, 0)
+    if count <= 1:
+        return None
+    # the last entry's phyOffset field holds endPhy: each place it occurs names a slot count
+    needle = struct.pack(">q", end_phy)
+    first_field = HEADER_SIZE + SLOT_SIZE + (count - 1) * ENTRY_SIZE + 4  # with one slot
+    at = mm.find(needle, first_field)
+    while at >= 0:
+        slots, rest = divmod(at - first_field, SLOT_SIZE)
+        if not rest and (size - HEADER_SIZE - (slots + 1) * SLOT_SIZE) % ENTRY_SIZE == 0:
+            entries = (size - HEADER_SIZE - (slots + 1) * SLOT_SIZE) // ENTRY_SIZE
+            if _agrees(mm, slots + 1, entries):
+                return slots + 1, entries
+        at = mm.find(needle, at + 1)
+    return None
 
 
 class IndexFile:
-    def __init__(self, path: Path, hash_slots: int, max_entries: int, create: bool, read_only: bool = False) -> None:
+    def __init__(
+        self, path: Path, hash_slots: int | None, max_entries: int | None, create: bool, read_only: bool = False
+    ) -> None:
+        """Create a file of the given geometry, or open one (the given geometry, None for the
+        default, is tried first: see the module docstring)."""
         self.path = Path(path)
         if create:
             size = file_size(hash_slots, max_entries)
@@ -125,7 +200,7 @@ class IndexFile:
                 self.mm = mmap.mmap(fd, size)
             finally:
                 os.close(fd)
-            HEADER.pack_into(self.mm, 0, 0, 0, 0, 0, hash_slots, 1)
+            HEADER.pack_into(self.mm, 0, 0, 0, 0, 0, 0, 1)
         else:
             fd = os.open(self.path, os.O_RDONLY if read_only else os.O_RDWR)
             try:
@@ -135,17 +210,26 @@ class IndexFile:
                 self.mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
             finally:
                 os.close(fd)
-            hash_slots = HEADER.unpack_from(self.mm, 0)[4]
-            if hash_slots <= 0 or HEADER_SIZE + hash_slots * SLOT_SIZE + ENTRY_SIZE > size:
+            geometry = file_geometry(self.mm, hash_slots, max_entries)
+            if geometry is None:
                 self.mm.close()
-                raise ValueError(f"index file {self.path}: hash slot count {hash_slots} does not fit {size} bytes")
-            max_entries = (size - HEADER_SIZE - hash_slots * SLOT_SIZE) // ENTRY_SIZE
+                raise ValueError(f"index file {self.path}: {size} bytes fit no hash-slot table its entries agree with")
+            hash_slots, max_entries = geometry
         self.hash_slots = hash_slots
         self.max_entries = max_entries
         self.slots = np.frombuffer(self.mm, dtype=">i4", count=hash_slots, offset=HEADER_SIZE)
         self.entries = np.frombuffer(
             self.mm, dtype=ENTRY_DTYPE, count=max_entries, offset=HEADER_SIZE + hash_slots * SLOT_SIZE
         )
+        if not create and not read_only:
+            header = list(self.header())
+            if header[4] > max(header[5], 1) - 1:  # more slots in use than entries: a table size
+                header[4] = self._chains_started(max(header[5], 1))
+                HEADER.pack_into(self.mm, 0, *header)
+
+    def _chains_started(self, end: int) -> int:
+        """The slots in use by entries [1, end): those entries that start a chain."""
+        return int(np.count_nonzero(self.entries["prev"][1:end] == 0))
 
     # -- header -----------------------------------------------------------------------------------
 
@@ -199,6 +283,7 @@ class IndexFile:
             self._write_small(*(np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)), count, begin_ts)
         else:
             self._write_numpy(*(np.asarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps)), count, begin_ts)
+        slots_count += int(np.count_nonzero(self.entries["prev"][count : count + n] == 0))
         HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n)
         return n
 
@@ -277,6 +362,7 @@ class IndexFile:
             moved = heads >= keep
         self.slots[:] = heads
         self.entries[keep:written_end] = np.zeros(written_end - keep, dtype=ENTRY_DTYPE)
+        slots_count = self._chains_started(keep)
         if keep == 1:
             HEADER.pack_into(self.mm, 0, 0, 0, 0, 0, slots_count, 1)
         else:

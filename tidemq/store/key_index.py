@@ -1,5 +1,6 @@
-"""The key index: a dispatch sink that indexes each message's UNIQ_KEY and every KEYS entry, so a
-message can be found by its client id or a business key (RocketMQ's IndexService over
+"""The key index: a dispatch sink that indexes each message's UNIQ_KEY, every KEYS entry and its tag
+(as the key "T#tag", as RocketMQ 5.5.0 does), so a message can be found by its client id, a
+business key or its tag (RocketMQ's IndexService over
 `index_file.IndexFile`s; spec §7).
 
     {store}/index/{yyyyMMddHHmmssSSS}   one IndexFile each, oldest first; the newest takes entries
@@ -22,13 +23,15 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
 from . import record
 from .dispatch import DispatchBatch, DispatchRequest, QueueKey
-from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, file_name, key_hash, key_hashes
+from .index_file import (
+    DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, file_name, key_hash, key_hashes, record_index_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +136,7 @@ class KeyIndex:
             if type(result) is not record.Record:
                 return None
             indexed = result.transaction_type != record.TRANSACTION_ROLLBACK
-            return phy + result.total_size, len(_keys_of(result.unique_key, result.keys)) if indexed else 0
+            return phy + result.total_size, len(record_index_keys(result.unique_key, result.keys, result.tags)) if indexed else 0
 
         self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, keys_of)
 
@@ -151,7 +154,7 @@ class KeyIndex:
             end = req.commit_log_offset + req.size
             if req.sysflag & record.TRANSACTION_TYPE_MASK == record.TRANSACTION_ROLLBACK:
                 continue
-            for key in _keys_of(req.unique_key, req.keys):
+            for key in record_index_keys(req.unique_key, req.keys, req.tags):
                 texts.append(f"{req.topic}#{key}")
                 phys.append(req.commit_log_offset)
                 times.append(req.store_timestamp)
@@ -274,17 +277,11 @@ class KeyIndex:
         return found
 
 
-def _keys_of(unique_key: str | None, keys: Iterable[str]) -> list[str]:
-    out = [unique_key] if unique_key else []
-    out.extend(keys)
-    return out
-
-
 def record_matches(rec: record.Record, topic: str, key: str, begin: int, end: int) -> bool:
     """Does the record really carry `key` in `topic`, stored within [begin, end]?"""
     if rec.topic != topic or not begin <= rec.store_timestamp <= end:
         return False
-    return key == rec.unique_key or key in rec.keys
+    return key in record_index_keys(rec.unique_key, rec.keys, rec.tags)
 
 
 def query(

@@ -646,6 +646,9 @@ class MessageStore:
         cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, self.consume_queues.logics_msg_timestamp)
         if self.key_index is not None:
             cp.index_msg_timestamp = max(cp.index_msg_timestamp, self.key_index.flush())
+        last_dispatched = self.dispatcher.last_record_offset()
+        if last_dispatched is not None:  # the queues were flushed above: they hold that record
+            cp.logics_physical_offset = max(cp.logics_physical_offset, last_dispatched)
         cp.confirm_phy_offset = min(flushed, self.dispatcher.dispatched_offset)
         cp.master_flushed_offset = flushed
         cp.save(self.checkpoint_path)

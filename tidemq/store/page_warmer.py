@@ -109,7 +109,8 @@ class PageWarmer:
                         break
                     start = max(segment.warm_end, self._from)
                     start -= start % mmap.PAGESIZE
-                    end = min(segment.size, start + CHUNK)
+                    # never past the page holding `upto`: blocks are allocated only that far
+                    end = min(segment.size, start + CHUNK, -(-self._upto // mmap.PAGESIZE) * mmap.PAGESIZE)
                     if self._madvise(self._address + start, end - start, MADV_POPULATE_WRITE) != 0:
                         self._give_up(ctypes.get_errno())
                         return

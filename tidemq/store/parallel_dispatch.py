@@ -180,6 +180,7 @@ class ParallelDispatcher:
         self.batch_bytes = batch_bytes
         self.inline_bytes = inline_bytes
         self.dispatched_offset = start_offset
+        self._last_records: tuple[int, int] | None = None  # [begin, end) of the newest run holding records
         self.listeners: list[ArrivalListener] = []
         self.stats = DispatchStats()
         self.progress = {sink.name: SinkProgress(start_offset) for sink in self.sinks}
@@ -262,6 +263,17 @@ class ParallelDispatcher:
         self._dispatched(begin, end, records, last_timestamp, changes)
         return records
 
+    def last_record_offset(self) -> int | None:
+        """The commit-log offset of the newest record dispatched since the start, or None: the
+        checkpoint's logicsPhysicalOffset.  Called from another thread: reads one tuple."""
+        run = self._last_records
+        segment = self.commit_log.segment_for(run[0]) if run is not None else None
+        if segment is None:
+            return None
+        begin, end = run
+        columns = scan(segment.mm, begin - segment.start, end - segment.start, base_offset=segment.start)
+        return int(columns.offsets[-1]) if len(columns) else None
+
     def _dispatched(self, begin: int, end: int, records: int, last_timestamp: int, changes: dict[QueueKey, int]) -> None:
         """[begin, end) of the log is built into the queues and the key index (`records`
         records, the last stored at `last_timestamp`): tell the other sinks, move the
@@ -271,6 +283,7 @@ class ParallelDispatcher:
             for sink in self.extra_sinks:
                 dispatch_to(sink, batch, changes)
         if records:
+            self._last_records = (begin, end)
             self.stats.records += records
             self.stats.last_store_timestamp = self.queues.logics_msg_timestamp = last_timestamp
             for progress in self.progress.values():

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, java_string_hash
+from .record import LEGACY_PROPERTY_UNIQ_KEY, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, java_string_hash
 
 INT_MAX = 0x7FFFFFFF
 TAGS = PROPERTY_TAGS.encode()
 KEYS = PROPERTY_KEYS.encode()
 UNIQ_KEY = PROPERTY_UNIQ_KEY.encode()
+LEGACY_UNIQ_KEY = LEGACY_PROPERTY_UNIQ_KEY.encode()
 
 _POWERS = np.ones(1, dtype=np.uint32)
 
@@ -100,6 +101,20 @@ def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: 
     return out
 
 
+def unique_key_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: list[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`property_ranges` where UNIQ_KEY in `names` is read as `record.decode_properties` reads
+    it: the legacy-named value for a record without a UNIQ_KEY."""
+    if UNIQ_KEY not in names:
+        return property_ranges(b, starts, ends, names)
+    ranges = property_ranges(b, starts, ends, [*names, LEGACY_UNIQ_KEY])
+    legacy_firsts, legacy_lasts = ranges.pop()
+    if (legacy_firsts >= 0).any():
+        firsts, lasts = ranges[names.index(UNIQ_KEY)]
+        missing = firsts < 0
+        firsts[missing], lasts[missing] = legacy_firsts[missing], legacy_lasts[missing]
+    return ranges
+
+
 def range_hashes(b: np.ndarray, firsts: np.ndarray, lasts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Java hash (uint32) of the bytes of each non-empty range as ASCII text, whether the range
     is all ASCII (else the hash is meaningless), and each range's length."""
@@ -138,12 +153,14 @@ def tags_codes(buf, b: np.ndarray, firsts: np.ndarray, lasts: np.ndarray) -> np.
 
 def index_entries(
     buf, b: np.ndarray, uniq: tuple[np.ndarray, np.ndarray], keys: tuple[np.ndarray, np.ndarray],
-    indexed: np.ndarray, topic_ids: np.ndarray, topic_names: list[str], offsets: np.ndarray, timestamps: np.ndarray,
+    tags: tuple[np.ndarray, np.ndarray], indexed: np.ndarray, topic_ids: np.ndarray, topic_names: list[str],
+    offsets: np.ndarray, timestamps: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The key index's entries of the records where `indexed`, in order: (abs Java hash of
-    "topic#key" as IndexFile keeps it, commit-log offset, store time) for the UNIQ_KEY and then
-    each non-empty space-separated KEYS entry (`uniq`, `keys`: the value ranges per record)."""
-    (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts) = uniq, keys
+    "topic#key" as IndexFile keeps it, commit-log offset, store time) for the UNIQ_KEY, each
+    non-empty space-separated KEYS entry, then the non-empty TAGS value as "T#tag" (`uniq`,
+    `keys`, `tags`: the value ranges per record)."""
+    (uniq_firsts, uniq_lasts), (keys_firsts, keys_lasts), (tags_firsts, tags_lasts) = uniq, keys, tags
     # every key as a byte range, tagged with its record and its order within the record
     uniq_rows = np.flatnonzero(indexed & (uniq_lasts > uniq_firsts))
     keys_rows = np.flatnonzero(indexed & (keys_lasts > keys_firsts))
@@ -166,23 +183,29 @@ def index_entries(
         token_rows = keys_rows[owner]
         token_firsts = token_starts + shift[owner]
         token_lasts = token_stops + shift[owner]
-    rows = np.concatenate([uniq_rows, token_rows])
+    tag_rows = np.flatnonzero(indexed & (tags_lasts > tags_firsts))
+    rows = np.concatenate([uniq_rows, token_rows, tag_rows])
     if not len(rows):
         return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    firsts = np.concatenate([uniq_firsts[uniq_rows], token_firsts])
-    lasts = np.concatenate([uniq_lasts[uniq_rows], token_lasts])
-    # record order, UNIQ_KEY first within a record, KEYS entries in their order
+    firsts = np.concatenate([uniq_firsts[uniq_rows], token_firsts, tags_firsts[tag_rows]])
+    lasts = np.concatenate([uniq_lasts[uniq_rows], token_lasts, tags_lasts[tag_rows]])
+    is_tag = np.zeros(len(rows), dtype=bool)
+    is_tag[len(rows) - len(tag_rows) :] = True
+    # record order; within a record UNIQ_KEY, the KEYS entries in their order, then the tag
     order = np.lexsort((np.arange(len(rows)), rows))
-    rows, firsts, lasts = rows[order], firsts[order], lasts[order]
+    rows, firsts, lasts, is_tag = rows[order], firsts[order], lasts[order], is_tag[order]
     key_sums, ascii_keys, lengths = range_hashes(b, firsts, lasts)
-    # hash("topic#key") = hash("topic#") * 31**len(key) + hash(key), all mod 2**32
+    # hash("topic#key") = hash("topic#") * 31**len(key) + hash(key), all mod 2**32; a tag's key
+    # "topic#T#tag" has the prefix "topic#T#"
     prefix = np.array([java_string_hash(t + "#") & 0xFFFFFFFF for t in topic_names], dtype=np.uint32)
+    tag_prefix = np.array([java_string_hash(t + "#T#") & 0xFFFFFFFF for t in topic_names], dtype=np.uint32)
     ids = topic_ids[rows]
-    hashes = prefix[ids] * powers_of_31(int(lengths.max()) + 1)[lengths] + key_sums
+    hashes = np.where(is_tag, tag_prefix[ids], prefix[ids]) * powers_of_31(int(lengths.max()) + 1)[lengths] + key_sums
     ascii_topics = np.array([t.isascii() for t in topic_names], dtype=bool)
     for k in np.flatnonzero(~(ascii_keys & ascii_topics[ids])).tolist():
         text = _decoded(buf, int(firsts[k]), int(lasts[k]))
-        hashes[k] = java_string_hash(f"{topic_names[ids[k]]}#{text}") & 0xFFFFFFFF
+        key = f"T#{text}" if is_tag[k] else text
+        hashes[k] = java_string_hash(f"{topic_names[ids[k]]}#{key}") & 0xFFFFFFFF
     signed = np.abs(hashes.view(np.int32).astype(np.int64))
     signed[signed > INT_MAX] = 0  # abs(Integer.MIN_VALUE) stays negative in Java: RocketMQ uses 0
     return signed.astype(np.int32), offsets[rows], timestamps[rows]

@@ -76,7 +76,11 @@ PROPERTY_SEPARATOR = "\x02"
 # Well-known property names (RocketMQ MessageConst).
 PROPERTY_TAGS = "TAGS"
 PROPERTY_KEYS = "KEYS"
-PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
+# the client message id: the key on disk is "UNIQ_KEY" (the Java constant that holds it is named
+# PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX); stores written under that constant's name as the key
+# are read as if it were UNIQ_KEY
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+LEGACY_PROPERTY_UNIQ_KEY = "UNIQ_CLIENT_MESSAGE_ID_KEYIDX"
 PROPERTY_INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 PROPERTY_INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 KEY_SEPARATOR = " "
@@ -157,7 +161,8 @@ def _explain_bad_properties(properties: dict[str, str]) -> None:
 
 
 def decode_properties(data: bytes | memoryview) -> dict[str, str]:
-    """Inverse of `encode_properties`; like RocketMQ, skips segments under 3 chars or with no \\x01."""
+    """Inverse of `encode_properties`; like RocketMQ, skips segments under 3 chars or with no \\x01.
+    A LEGACY_PROPERTY_UNIQ_KEY is returned as UNIQ_KEY (a UNIQ_KEY of the record wins)."""
     result: dict[str, str] = {}
     if not data:
         return result
@@ -166,6 +171,9 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
         name, sep, value = segment.partition(NAME_VALUE_SEPARATOR)
         if sep and len(segment) >= 3:
             result[name] = value
+    if LEGACY_PROPERTY_UNIQ_KEY in result:
+        legacy = result.pop(LEGACY_PROPERTY_UNIQ_KEY)
+        result.setdefault(PROPERTY_UNIQ_KEY, legacy)
     return result
 
 

@@ -43,10 +43,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .index_file import index_key, key_hash
-from .property_columns import KEYS, TAGS, UNIQ_KEY, index_entries, property_ranges, tags_codes
+from .index_file import TAG_KEY_PREFIX, index_key, key_hash, record_index_keys
+from .property_columns import KEYS, LEGACY_UNIQ_KEY, TAGS, UNIQ_KEY, index_entries, tags_codes, unique_key_ranges
 from .record import (
     KEY_SEPARATOR,
+    LEGACY_PROPERTY_UNIQ_KEY,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     PROPERTY_KEYS,
@@ -58,6 +59,8 @@ from .record import (
     decode_topic,
     tags_code,
 )
+
+from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
 
 try:
     from ._dispatch import scan_into as _scan_into
@@ -108,6 +111,8 @@ class RecordColumns:
     # int32 bytes, rows as int64 bytes, slow: (entry, row, first, last) of each key to hash from
     # its decoded text, its or its topic's bytes not all ASCII)
     key_entries: tuple[bytes, bytes, list] | None = None
+    # per row: [first, last) of the TAGS value, or -1 (for the key index's tag entries)
+    tags_ranges: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -124,7 +129,8 @@ class RecordColumns:
         return property_value(self.buffer, int(self.properties_starts[i]), int(self.properties_ends[i]), name)
 
     def unique_key(self, i: int) -> str | None:
-        return self.property(i, PROPERTY_UNIQ_KEY)
+        found = self.property(i, PROPERTY_UNIQ_KEY)
+        return found if found is not None else self.property(i, LEGACY_PROPERTY_UNIQ_KEY)
 
     def keys(self, i: int) -> list[str]:
         raw = self.property(i, PROPERTY_KEYS)
@@ -151,14 +157,17 @@ class RecordColumns:
         if slow:
             hashes = hashes.copy()
             for entry, row, first, last in slow:
+                prefix = ""
+                if last < 0:  # a tag's entry (see _dispatch.scan_into)
+                    prefix, last = TAG_KEY_PREFIX, -1 - last
                 text = bytes(self.buffer[first:last]).decode("utf-8", "replace")
-                hashes[entry] = key_hash(index_key(self.topic(row), text))
+                hashes[entry] = key_hash(index_key(self.topic(row), prefix + text))
         return hashes, self.offsets[rows], self.store_timestamps[rows]
 
     def index_keys(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The key index's entries for these rows, in order: (abs Java hash of "topic#key" as
-        IndexFile keeps it, commit-log offset, store timestamp) for the UNIQ_KEY and then each
-        KEYS entry of every record that is not a ROLLBACK."""
+        IndexFile keeps it, commit-log offset, store timestamp) for the UNIQ_KEY, each KEYS entry
+        and the tag ("T#tag") of every record that is not a ROLLBACK."""
         if not len(self):
             return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.key_entries is not None:
@@ -169,11 +178,13 @@ class RecordColumns:
         b = np.frombuffer(self.buffer, dtype=np.uint8)
         try:
             if self.keys_ranges is None:
-                self.unique_key_ranges, self.keys_ranges = property_ranges(
+                self.unique_key_ranges, self.keys_ranges = unique_key_ranges(
                     b, self.properties_starts, self.properties_ends, [UNIQ_KEY, KEYS]
                 )
+            if self.tags_ranges is None:
+                (self.tags_ranges,) = unique_key_ranges(b, self.properties_starts, self.properties_ends, [TAGS])
             return index_entries(
-                self.buffer, b, self.unique_key_ranges, self.keys_ranges, indexed,
+                self.buffer, b, self.unique_key_ranges, self.keys_ranges, self.tags_ranges, indexed,
                 self.topic_ids, self.topic_names, self.offsets, self.store_timestamps,
             )
         finally:
@@ -224,6 +235,19 @@ def _walk(buf, pos: int, stop: int, soft_stop: int, max_count: int = -1) -> list
 
 
 def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False) -> RecordColumns:
+    """`_scan` (below), with the tags codes of delay-level records' units set to their due
+    times (`special_queues.queue_tags_code`)."""
+    columns = _scan(buf, start, stop, base_offset, soft_stop, keys)
+    if SCHEDULE_TOPIC in columns.topic_names:
+        schedule_id = columns.topic_names.index(SCHEDULE_TOPIC)
+        codes = columns.tags_codes
+        for i in np.flatnonzero(columns.topic_ids == schedule_id).tolist():
+            level = columns.property(i, PROPERTY_DELAY)
+            codes[i] = queue_tags_code(SCHEDULE_TOPIC, level, int(columns.store_timestamps[i]), int(codes[i]))
+    return columns
+
+
+def _scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False) -> RecordColumns:
     """Decode the dispatch fields of every whole valid record in `buf[start:stop]`, following
     the chain from `start` (a record boundary).  `base_offset` is the commit-log offset of
     `buf[0]`.  With `soft_stop`, no record starting at or past it is taken (records may still
@@ -289,7 +313,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         topic_ids.append(tid)
     b = np.frombuffer(buf, dtype=np.uint8)
     try:
-        ranges = property_ranges(b, properties_at[:count], ends[:count], [TAGS, UNIQ_KEY, KEYS] if keys else [TAGS])
+        ranges = unique_key_ranges(b, properties_at[:count], ends[:count], [TAGS, UNIQ_KEY, KEYS] if keys else [TAGS])
         codes = tags_codes(buf, b, *ranges[0])
     finally:
         del b
@@ -312,6 +336,7 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
         properties_ends=ends[:count],
         unique_key_ranges=ranges[1] if keys else None,
         keys_ranges=ranges[2] if keys else None,
+        tags_ranges=ranges[0],
     )
 
 
@@ -464,7 +489,7 @@ def property_range(buf, start: int, end: int, name: str) -> tuple[int, int]:
 
 def index_keys_in(buf, start: int, end: int) -> list[str]:
     """The keys the key index takes from a record whose properties are `buf[start:end]`: its
-    UNIQ_KEY, then each KEYS entry."""
+    UNIQ_KEY, each KEYS entry, then its tag as "T#tag"."""
     return index_keys_of(properties_in(buf, start, end))
 
 
@@ -488,12 +513,9 @@ def text_of(properties: dict[bytes, bytes], name: bytes) -> str | None:
 
 def index_keys_of(properties: dict[bytes, bytes]) -> list[str]:
     """`index_keys_in` of a record whose properties `properties_in` read."""
-    unique_key = text_of(properties, UNIQ_KEY)
+    unique_key = text_of(properties, UNIQ_KEY if UNIQ_KEY in properties else LEGACY_UNIQ_KEY)
     keys = text_of(properties, KEYS)
-    found = [unique_key] if unique_key else []
-    if keys:
-        found.extend(k for k in keys.split(KEY_SEPARATOR) if k)
-    return found
+    return record_index_keys(unique_key, keys.split(KEY_SEPARATOR) if keys else (), text_of(properties, TAGS))
 
 
 def property_value(buf, start: int, end: int, name: str) -> str | None:

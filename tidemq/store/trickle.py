@@ -29,6 +29,9 @@ from .dispatch import QueueKey
 from .index_file import index_key, key_hash
 from .property_columns import TAGS
 from .scan import decode_one, index_keys_of, properties_in, text_of, walk
+from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
+
+DELAY = PROPERTY_DELAY.encode()
 
 MAX_RECORDS = 32  # more is a batch (measured: a trickle costs less per round up to about this size)
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
@@ -69,7 +72,10 @@ def dispatch_trickle(
         if kind in record.QUEUE_ENTRY_KINDS:
             key = (topic, queue_id)
             cq = queue_at(key, queue_offset)
-            if cq.put(queue_offset, offset, size, record.tags_code(text_of(properties, TAGS))):
+            code = record.tags_code(text_of(properties, TAGS))
+            if topic == SCHEDULE_TOPIC:
+                code = queue_tags_code(topic, text_of(properties, DELAY), store_timestamp, code)
+            if cq.put(queue_offset, offset, size, code):
                 changes[key] = cq.commit_frontier
         if key_index is not None and kind != record.TRANSACTION_ROLLBACK:
             for k in index_keys_of(properties):

@@ -1,0 +1,274 @@
+"""The broker's config files in Apache RocketMQ 5.5.0's schemas (`{store}/config/`), so a store
+moves between the two brokers with its topics, groups and consumed offsets.
+
+    topics.json             {"dataVersion": {...}, "topicConfigTable": {name: {"topicName",
+                            "readQueueNums", "writeQueueNums", "perm", "topicFilterType",
+                            "topicSysFlag", "order", "attributes": {"message.type": ...}}}}
+    subscriptionGroup.json  {"dataVersion", "forbiddenTable", "subscriptionGroupTable": {name:
+                            {"groupName", "consumeEnable", ..., "retryMaxTimes",
+                            "groupRetryPolicy": {"type": "CUSTOMIZED", "customizedRetryPolicy":
+                            {"next": [ms, ...]}}, ...}}}
+    consumerOffset.json     {"dataVersion", "offsetTable": {"topic@group": {"queueId": offset}}}
+
+`dataVersion` is `{"counter", "stateVersion", "timestamp"}`, its counter bumped on each write.
+Each file is rewritten whole (temp file, fsync, rename) after copying the previous one to
+`{name}.bak`, as RocketMQ keeps one.  Every field tidemq does not know, in an entry or at the top
+level, is kept as it was read.
+
+tidemq's dataclasses map onto RocketMQ's entries by tables (`TOPIC_KEYS`, `GROUP_KEYS`); a
+dataclass field without a RocketMQ key is kept among the entry's `attributes` under its own name
+(JSON-encoded), so new settings persist without a schema change.  Files in tidemq's earlier
+schema (a plain `{name: {dataclass fields}}`; groups in `subscriptionGroups.json`) are read too,
+and written in RocketMQ's on the next change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+TOPICS_FILE = "topics.json"
+GROUPS_FILE = "subscriptionGroup.json"
+LEGACY_GROUPS_FILE = "subscriptionGroups.json"  # tidemq's earlier name
+OFFSETS_FILE = "consumerOffset.json"
+TOPIC_TABLE = "topicConfigTable"
+GROUP_TABLE = "subscriptionGroupTable"
+OFFSET_TABLE = "offsetTable"
+OFFSET_KEY_SEPARATOR = "@"
+
+MESSAGE_TYPE_ATTRIBUTE = "message.type"
+# dataclass field -> RocketMQ key (queue_nums sets both read and write queue numbers)
+TOPIC_KEYS = {"name": "topicName", "perm": "perm"}
+TOPIC_ATTRIBUTE_KEYS = {"message_type": MESSAGE_TYPE_ATTRIBUTE}
+GROUP_KEYS = {"name": "groupName", "retry_max_times": "retryMaxTimes", "fifo": "consumeMessageOrderly"}
+
+# what RocketMQ 5.5.0 writes for a new entry, before tidemq's settings
+TOPIC_DEFAULTS = {"topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}
+GROUP_DEFAULTS = {
+    "consumeEnable": True, "consumeFromMinEnable": True, "consumeBroadcastEnable": True,
+    "consumeMessageOrderly": False, "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
+    "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True, "groupSysFlag": 0,
+    "consumeTimeoutMinute": 15, "subscriptionDataSet": None, "attributes": {},
+}
+
+
+# fastjson writes a map's integer keys bare ({0:250,1:250}), which JSON does not allow
+_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+
+
+def read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    text = path.read_text()
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+
+
+def write_json(path: Path, document: dict) -> None:
+    """Replace `path` with `document`, keeping the previous file as `{name}.bak`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        shutil.copyfile(path, path.with_name(path.name + ".bak"))
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(document, indent=1, ensure_ascii=False))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def bump_data_version(document: dict) -> None:
+    version = document.get("dataVersion")
+    if not isinstance(version, dict):
+        version = {"counter": 0, "stateVersion": 0}
+    version["counter"] = int(version.get("counter", 0)) + 1
+    version.setdefault("stateVersion", 0)
+    version["timestamp"] = time.time_ns() // 1_000_000
+    document["dataVersion"] = version
+
+
+class ConfigFile:
+    """One of RocketMQ's table files: the whole document as read, its table of raw entries."""
+
+    def __init__(self, path: Path, table_key: str, legacy_path: Path | None = None) -> None:
+        self.path = path
+        self.table_key = table_key
+        document = read_json(path)
+        self.legacy = False
+        if document is None and legacy_path is not None:
+            document = read_json(legacy_path)
+        if document is None:
+            document = {}
+        elif table_key not in document and all(isinstance(v, dict) for v in document.values()) and document:
+            document = {table_key: document}  # tidemq's earlier schema: the table alone
+            self.legacy = True
+        self.document = document
+        table = document.get(table_key)
+        self.table: dict[str, dict] = table if isinstance(table, dict) else {}
+        document[table_key] = self.table
+
+    def save(self) -> None:
+        bump_data_version(self.document)
+        write_json(self.path, self.document)
+
+
+# -- dataclass <-> entry ------------------------------------------------------------------------
+
+
+def _field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def topic_from_entry(cls, name: str, entry: dict, legacy: bool):
+    """A TopicConfig (`cls`) from a topics.json entry (or an entry of tidemq's earlier schema)."""
+    if legacy:
+        return cls(**{k: v for k, v in entry.items() if k in _field_names(cls)})
+    values: dict[str, Any] = {"name": entry.get("topicName", name)}
+    attributes = entry.get("attributes") or {}
+    for field_name in _field_names(cls):
+        if field_name in TOPIC_KEYS and TOPIC_KEYS[field_name] in entry and field_name != "name":
+            values[field_name] = entry[TOPIC_KEYS[field_name]]
+        elif field_name == "queue_nums":
+            queues = [entry[k] for k in ("readQueueNums", "writeQueueNums") if isinstance(entry.get(k), int)]
+            if queues:
+                values["queue_nums"] = max(queues)
+        elif field_name in TOPIC_ATTRIBUTE_KEYS:
+            key = TOPIC_ATTRIBUTE_KEYS[field_name]
+            value = attributes.get(key, attributes.get("+" + key))
+            if value is not None:
+                values[field_name] = value
+        elif field_name in attributes:
+            values[field_name] = _attribute_value(attributes[field_name])
+    return cls(**values)
+
+
+def topic_to_entry(topic, entry: dict | None) -> dict:
+    """`entry` (a topics.json entry as read, or None) updated with the TopicConfig's settings."""
+    out = dict(TOPIC_DEFAULTS) if entry is None else dict(entry)
+    attributes = dict(out.get("attributes") or {})
+    for field_name in _field_names(type(topic)):
+        value = getattr(topic, field_name)
+        if field_name in TOPIC_KEYS:
+            out[TOPIC_KEYS[field_name]] = value
+        elif field_name == "queue_nums":
+            out["readQueueNums"] = out["writeQueueNums"] = value
+        elif field_name in TOPIC_ATTRIBUTE_KEYS:
+            key = TOPIC_ATTRIBUTE_KEYS[field_name]
+            attributes.pop("+" + key, None)
+            attributes[key] = value
+        else:
+            attributes[field_name] = json.dumps(value)
+    out["attributes"] = attributes
+    return out
+
+
+def _attribute_value(text):
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def group_from_entry(cls, name: str, entry: dict, legacy: bool):
+    """A GroupConfig (`cls`) from a subscriptionGroup.json entry (or tidemq's earlier schema)."""
+    names = _field_names(cls)
+    if legacy:
+        return cls(**{k: v for k, v in entry.items() if k in names})
+    values: dict[str, Any] = {"name": entry.get("groupName", name)}
+    attributes = entry.get("attributes") or {}
+    for field_name in names:
+        if field_name == "name":
+            continue
+        if field_name in GROUP_KEYS and GROUP_KEYS[field_name] in entry:
+            values[field_name] = entry[GROUP_KEYS[field_name]]
+        elif field_name == "retry_backoff_ms":
+            policy = entry.get("groupRetryPolicy") or {}
+            steps = (policy.get("customizedRetryPolicy") or {}).get("next")
+            if policy.get("type", "CUSTOMIZED") == "CUSTOMIZED" and isinstance(steps, list) and steps:
+                values[field_name] = [int(step) for step in steps]
+        elif field_name in attributes:
+            values[field_name] = _attribute_value(attributes[field_name])
+    return cls(**values)
+
+
+def group_to_entry(group, entry: dict | None) -> dict:
+    out = dict(GROUP_DEFAULTS) if entry is None else dict(entry)
+    attributes = dict(out.get("attributes") or {})
+    for field_name in _field_names(type(group)):
+        value = getattr(group, field_name)
+        if field_name in GROUP_KEYS:
+            out[GROUP_KEYS[field_name]] = value
+        elif field_name == "retry_backoff_ms":
+            policy = dict(out.get("groupRetryPolicy") or {})
+            if policy.get("type", "CUSTOMIZED") == "CUSTOMIZED":
+                policy["type"] = "CUSTOMIZED"
+                customized = dict(policy.get("customizedRetryPolicy") or {})
+                customized["next"] = list(value)
+                policy["customizedRetryPolicy"] = customized
+            out["groupRetryPolicy"] = policy
+        else:
+            attributes[field_name] = json.dumps(value)
+    out["attributes"] = attributes
+    return out
+
+
+# -- consumed offsets ------------------------------------------------------------------------------
+
+
+def offset_key(topic: str, group: str) -> str:
+    return f"{topic}{OFFSET_KEY_SEPARATOR}{group}"
+
+
+def parse_offset_key(key: str) -> tuple[str, str] | None:
+    """(topic, group) of an offsetTable key; topics may hold no '@', groups may not either."""
+    topic, separator, group = key.partition(OFFSET_KEY_SEPARATOR)
+    return (topic, group) if separator and topic and group else None
+
+
+class ConsumerOffsets:
+    """`consumerOffset.json`: per `topic@group`, per queue id, the next offset to consume."""
+
+    def __init__(self, directory: Path) -> None:
+        self.file = ConfigFile(directory / OFFSETS_FILE, OFFSET_TABLE)
+
+    def offsets(self) -> dict[tuple[str, str], dict[int, int]]:
+        """(group, topic) -> {queue id: offset}."""
+        out: dict[tuple[str, str], dict[int, int]] = {}
+        for key, queues in self.file.table.items():
+            parsed = parse_offset_key(key)
+            if parsed is None or not isinstance(queues, dict):
+                continue
+            topic, group = parsed
+            try:
+                out[(group, topic)] = {int(qid): int(offset) for qid, offset in queues.items()}
+            except (TypeError, ValueError):
+                continue
+        return out
+
+    def update(self, offsets: dict[tuple[str, str], dict[int, int]]) -> bool:
+        """Merge `offsets` ((group, topic) -> {qid: offset}) into the table; save it if any
+        changed.  Returns whether it did."""
+        changed = False
+        table = self.file.table
+        for (group, topic), queues in offsets.items():
+            key = offset_key(topic, group)
+            current = table.get(key)
+            if not isinstance(current, dict):
+                current = table[key] = {}
+            for qid, offset in queues.items():
+                if current.get(str(qid)) != offset:
+                    current[str(qid)] = offset
+                    changed = True
+        if changed:
+            self.file.save()
+        return changed
