@@ -129,44 +129,43 @@ def _field_names(cls) -> list[str]:
     return [f.name for f in fields(cls)]
 
 
-def topic_from_entry(cls, name: str, entry: dict, legacy: bool):
-    """A TopicConfig (`cls`) from a topics.json entry (or an entry of tidemq's earlier schema)."""
+_MISSING = object()
+
+
+def _from_entry(cls, name: str, entry: dict, legacy: bool, keys: dict[str, str], special):
+    """A `cls` from a table entry: each field from its RocketMQ key (`keys`), from `special(field,
+    entry, attributes)` (or _MISSING), else from the attribute of its own name; the dataclass
+    default where none is there.  An entry of tidemq's earlier schema holds the fields as such."""
+    names = _field_names(cls)
     if legacy:
-        return cls(**{k: v for k, v in entry.items() if k in _field_names(cls)})
-    values: dict[str, Any] = {"name": entry.get("topicName", name)}
+        return cls(**{k: v for k, v in entry.items() if k in names})
+    values: dict[str, Any] = {"name": entry.get(keys["name"], name)}
     attributes = entry.get("attributes") or {}
-    for field_name in _field_names(cls):
-        if field_name in TOPIC_KEYS and TOPIC_KEYS[field_name] in entry and field_name != "name":
-            values[field_name] = entry[TOPIC_KEYS[field_name]]
-        elif field_name == "queue_nums":
-            queues = [entry[k] for k in ("readQueueNums", "writeQueueNums") if isinstance(entry.get(k), int)]
-            if queues:
-                values["queue_nums"] = max(queues)
-        elif field_name in TOPIC_ATTRIBUTE_KEYS:
-            key = TOPIC_ATTRIBUTE_KEYS[field_name]
-            value = attributes.get(key, attributes.get("+" + key))
-            if value is not None:
-                values[field_name] = value
-        elif field_name in attributes:
-            values[field_name] = _attribute_value(attributes[field_name])
+    for field_name in names:
+        if field_name == "name":
+            continue
+        if field_name in keys:
+            value = entry.get(keys[field_name], _MISSING)
+        else:
+            value = special(field_name, entry, attributes)
+            if value is _MISSING and field_name in attributes:
+                value = _attribute_value(attributes[field_name])
+        if value is not _MISSING:
+            values[field_name] = value
     return cls(**values)
 
 
-def topic_to_entry(topic, entry: dict | None) -> dict:
-    """`entry` (a topics.json entry as read, or None) updated with the TopicConfig's settings."""
-    out = dict(TOPIC_DEFAULTS) if entry is None else dict(entry)
+def _to_entry(obj, entry: dict | None, defaults: dict, keys: dict[str, str], special) -> dict:
+    """`entry` (as read, or None for RocketMQ's defaults) updated with `obj`'s fields: each to its
+    RocketMQ key, or by `special(field, value, entry, attributes)` (True if it took it), else as
+    the attribute of its own name (JSON)."""
+    out = dict(defaults) if entry is None else dict(entry)
     attributes = dict(out.get("attributes") or {})
-    for field_name in _field_names(type(topic)):
-        value = getattr(topic, field_name)
-        if field_name in TOPIC_KEYS:
-            out[TOPIC_KEYS[field_name]] = value
-        elif field_name == "queue_nums":
-            out["readQueueNums"] = out["writeQueueNums"] = value
-        elif field_name in TOPIC_ATTRIBUTE_KEYS:
-            key = TOPIC_ATTRIBUTE_KEYS[field_name]
-            attributes.pop("+" + key, None)
-            attributes[key] = value
-        else:
+    for field_name in _field_names(type(obj)):
+        value = getattr(obj, field_name)
+        if field_name in keys:
+            out[keys[field_name]] = value
+        elif not special(field_name, value, out, attributes):
             attributes[field_name] = json.dumps(value)
     out["attributes"] = attributes
     return out
@@ -179,47 +178,67 @@ def _attribute_value(text):
         return text
 
 
+def _read_topic_field(field_name: str, entry: dict, attributes: dict):
+    if field_name == "queue_nums":
+        queues = [entry[k] for k in ("readQueueNums", "writeQueueNums") if isinstance(entry.get(k), int)]
+        return max(queues) if queues else _MISSING
+    if field_name in TOPIC_ATTRIBUTE_KEYS:
+        key = TOPIC_ATTRIBUTE_KEYS[field_name]
+        return attributes.get(key, attributes.get("+" + key, _MISSING))
+    return _MISSING
+
+
+def _write_topic_field(field_name: str, value, out: dict, attributes: dict) -> bool:
+    if field_name == "queue_nums":
+        out["readQueueNums"] = out["writeQueueNums"] = value
+    elif field_name in TOPIC_ATTRIBUTE_KEYS:
+        key = TOPIC_ATTRIBUTE_KEYS[field_name]
+        attributes.pop("+" + key, None)
+        attributes[key] = value
+    else:
+        return False
+    return True
+
+
+def _read_group_field(field_name: str, entry: dict, attributes: dict):
+    if field_name != "retry_backoff_ms":
+        return _MISSING
+    policy = entry.get("groupRetryPolicy") or {}
+    steps = (policy.get("customizedRetryPolicy") or {}).get("next")
+    if policy.get("type", "CUSTOMIZED") == "CUSTOMIZED" and isinstance(steps, list) and steps:
+        return [int(step) for step in steps]
+    return _MISSING
+
+
+def _write_group_field(field_name: str, value, out: dict, attributes: dict) -> bool:
+    if field_name != "retry_backoff_ms":
+        return False
+    policy = dict(out.get("groupRetryPolicy") or {})
+    if policy.get("type", "CUSTOMIZED") == "CUSTOMIZED":  # an exponential policy stays as it is
+        policy["type"] = "CUSTOMIZED"
+        policy["customizedRetryPolicy"] = dict(policy.get("customizedRetryPolicy") or {}, next=list(value))
+    out["groupRetryPolicy"] = policy
+    return True
+
+
+def topic_from_entry(cls, name: str, entry: dict, legacy: bool):
+    """A TopicConfig (`cls`) from a topics.json entry (or an entry of tidemq's earlier schema)."""
+    return _from_entry(cls, name, entry, legacy, TOPIC_KEYS, _read_topic_field)
+
+
+def topic_to_entry(topic, entry: dict | None) -> dict:
+    """`entry` (a topics.json entry as read, or None) updated with the TopicConfig's settings."""
+    return _to_entry(topic, entry, TOPIC_DEFAULTS, TOPIC_KEYS, _write_topic_field)
+
+
 def group_from_entry(cls, name: str, entry: dict, legacy: bool):
     """A GroupConfig (`cls`) from a subscriptionGroup.json entry (or tidemq's earlier schema)."""
-    names = _field_names(cls)
-    if legacy:
-        return cls(**{k: v for k, v in entry.items() if k in names})
-    values: dict[str, Any] = {"name": entry.get("groupName", name)}
-    attributes = entry.get("attributes") or {}
-    for field_name in names:
-        if field_name == "name":
-            continue
-        if field_name in GROUP_KEYS and GROUP_KEYS[field_name] in entry:
-            values[field_name] = entry[GROUP_KEYS[field_name]]
-        elif field_name == "retry_backoff_ms":
-            policy = entry.get("groupRetryPolicy") or {}
-            steps = (policy.get("customizedRetryPolicy") or {}).get("next")
-            if policy.get("type", "CUSTOMIZED") == "CUSTOMIZED" and isinstance(steps, list) and steps:
-                values[field_name] = [int(step) for step in steps]
-        elif field_name in attributes:
-            values[field_name] = _attribute_value(attributes[field_name])
-    return cls(**values)
+    return _from_entry(cls, name, entry, legacy, GROUP_KEYS, _read_group_field)
 
 
 def group_to_entry(group, entry: dict | None) -> dict:
-    out = dict(GROUP_DEFAULTS) if entry is None else dict(entry)
-    attributes = dict(out.get("attributes") or {})
-    for field_name in _field_names(type(group)):
-        value = getattr(group, field_name)
-        if field_name in GROUP_KEYS:
-            out[GROUP_KEYS[field_name]] = value
-        elif field_name == "retry_backoff_ms":
-            policy = dict(out.get("groupRetryPolicy") or {})
-            if policy.get("type", "CUSTOMIZED") == "CUSTOMIZED":
-                policy["type"] = "CUSTOMIZED"
-                customized = dict(policy.get("customizedRetryPolicy") or {})
-                customized["next"] = list(value)
-                policy["customizedRetryPolicy"] = customized
-            out["groupRetryPolicy"] = policy
-        else:
-            attributes[field_name] = json.dumps(value)
-    out["attributes"] = attributes
-    return out
+    """`entry` (a subscriptionGroup.json entry as read, or None) updated with the GroupConfig's."""
+    return _to_entry(group, entry, GROUP_DEFAULTS, GROUP_KEYS, _write_group_field)
 
 
 # -- consumed offsets ------------------------------------------------------------------------------

@@ -260,7 +260,7 @@ class BatchBuilder:
         self._exit_if_orphaned()
         done = 0
         if len(hashes) and request.path is not None:
-            index = self._index_file(request.path)
+            index = self._index_file(request.path, request.hash_slots, request.max_entries)
             if self.exit_in_append and index.entry_count:  # a file with chains a redo could break
                 before = index.mm[: HEADER.size]
                 index.append(hashes, phys, times)
@@ -279,12 +279,12 @@ class BatchBuilder:
             index.close()
         self._index_files.clear()
 
-    def _index_file(self, path: str) -> IndexFile:
+    def _index_file(self, path: str, hash_slots: int, max_entries: int) -> IndexFile:
         index = self._index_files.get(path)
         if index is None:
             while len(self._index_files) >= 2:  # the newest files only: older ones are full
                 self._index_files.pop(next(iter(self._index_files))).close()
-            index = self._index_files[path] = IndexFile(path, 0, 0, create=False)
+            index = self._index_files[path] = IndexFile(path, hash_slots or None, max_entries or None, create=False)
         return index
 
     def _owners_of(self, names: list[str], topic_ids: np.ndarray, queue_ids: np.ndarray) -> np.ndarray:

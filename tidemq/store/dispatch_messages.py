@@ -150,6 +150,9 @@ class IndexAppend:
     batch_id: int
     path: str | None
     skip_below: int
+    # the file's geometry (its header does not state the slot table's size)
+    hash_slots: int = 0
+    max_entries: int = 0
 
 
 @_pickled_as_fields

@@ -71,7 +71,9 @@ class IndexAppends:
 
     def _request(self, batch_id: int, holder: WorkerProcess | None = None) -> None:
         holder = self.asked = holder or self.holders[batch_id]
-        self._send(holder, IndexAppend(batch_id, self.current_path(), self.key_index.indexed_until))
+        files = self.key_index.files
+        geometry = (files[-1].hash_slots, files[-1].max_entries) if files else (0, 0)
+        self._send(holder, IndexAppend(batch_id, self.current_path(), self.key_index.indexed_until, *geometry))
 
     def current_path(self) -> str | None:
         """The newest index file, or None if there is none or it is full."""
