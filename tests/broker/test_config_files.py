@@ -85,7 +85,7 @@ def test_tidemqs_earlier_files_are_read_and_rewritten_in_rocketmqs_schema(tmp_pa
     assert groups["billing"]["retryMaxTimes"] == 2 and "audit-readers" in groups
 
 
-def test_a_group_continues_from_the_offsets_in_consumer_offset_json(tmp_path):
+def test_a_group_continues_from_the_consumed_offsets_rocketmq_left(tmp_path):
     h = Harness(tmp_path / "store")
     try:
         for i in range(10):
@@ -95,10 +95,12 @@ def test_a_group_continues_from_the_offsets_in_consumer_offset_json(tmp_path):
         assert sum(offsets.values()) == 2
         h.run(h.broker.close())
         h.store.close()
-        # fastjson's bare integer keys, as RocketMQ writes them
+        # as a RocketMQ 5.5.0 broker with enableLmq leaves them: in lmqConsumerOffset.json,
+        # fastjson's bare integer keys
         table = ",".join(f"{qid}:{offset}" for qid, offset in offsets.items())
-        (h.directory / "config" / "consumerOffset.json").write_text(
-            '{"offsetTable":{"orders@billing":{' + table + '}},"dataVersion":{"counter":1}}')
+        (h.directory / "config" / "lmqConsumerOffset.json").write_text(
+            '{"dataVersion":{"counter":1,"stateVersion":0},"groupTopicMap":{"billing":["orders"]},'
+            '"lmqOffsetTable":{},"offsetTable":{"orders@billing":{' + table + '}},"pullOffsetTable":{}}')
         h.open()
         got = h.receive("billing", "orders", batch=32)
         assert sorted(bytes(r.record.body) for r in got) == sorted(
@@ -106,9 +108,12 @@ def test_a_group_continues_from_the_offsets_in_consumer_offset_json(tmp_path):
         for r in got:
             h.broker.ack("billing", "orders", r.receipt_handle)
         h.run(h.broker.close())
+        expected = {str(qid): offset + 1 for qid, offset in offsets.items()}
         saved = json.loads((h.directory / "config" / "consumerOffset.json").read_text())
-        assert saved["offsetTable"]["orders@billing"] == {str(qid): offset + 1 for qid, offset in offsets.items()}
-        assert saved["dataVersion"]["counter"] == 2
+        assert saved["offsetTable"]["orders@billing"] == expected
+        saved = json.loads((h.directory / "config" / "lmqConsumerOffset.json").read_text())
+        assert saved["offsetTable"]["orders@billing"] == expected
+        assert saved["dataVersion"]["counter"] == 2 and saved["groupTopicMap"] == {"billing": ["orders"]}
     finally:
         h.store.close()
         h.loop.close()

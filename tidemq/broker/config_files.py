@@ -9,6 +9,8 @@ moves between the two brokers with its topics, groups and consumed offsets.
                             "groupRetryPolicy": {"type": "CUSTOMIZED", "customizedRetryPolicy":
                             {"next": [ms, ...]}}, ...}}}
     consumerOffset.json     {"dataVersion", "offsetTable": {"topic@group": {"queueId": offset}}}
+    lmqConsumerOffset.json  the same, kept instead by a broker with enableLmq (both are read and
+                            written: which one RocketMQ reads is its configuration)
 
 `dataVersion` is `{"counter", "stateVersion", "timestamp"}`, its counter bumped on each write.
 Each file is rewritten whole (temp file, fsync, rename) after copying the previous one to
@@ -37,6 +39,7 @@ TOPICS_FILE = "topics.json"
 GROUPS_FILE = "subscriptionGroup.json"
 LEGACY_GROUPS_FILE = "subscriptionGroups.json"  # tidemq's earlier name
 OFFSETS_FILE = "consumerOffset.json"
+LMQ_OFFSETS_FILE = "lmqConsumerOffset.json"  # where a broker with enableLmq keeps every offset
 TOPIC_TABLE = "topicConfigTable"
 GROUP_TABLE = "subscriptionGroupTable"
 OFFSET_TABLE = "offsetTable"
@@ -255,15 +258,28 @@ def parse_offset_key(key: str) -> tuple[str, str] | None:
 
 
 class ConsumerOffsets:
-    """`consumerOffset.json`: per `topic@group`, per queue id, the next offset to consume."""
+    """Per `topic@group`, per queue id, the next offset to consume: the offsetTable of
+    `consumerOffset.json` and of `lmqConsumerOffset.json` (a RocketMQ broker with `enableLmq`
+    keeps every group's offsets there, and reads only that file).  Both are read, the larger
+    offset winning, and both written."""
 
     def __init__(self, directory: Path) -> None:
-        self.file = ConfigFile(directory / OFFSETS_FILE, OFFSET_TABLE)
+        self.files = [ConfigFile(directory / name, OFFSET_TABLE) for name in (OFFSETS_FILE, LMQ_OFFSETS_FILE)]
 
     def offsets(self) -> dict[tuple[str, str], dict[int, int]]:
         """(group, topic) -> {queue id: offset}."""
         out: dict[tuple[str, str], dict[int, int]] = {}
-        for key, queues in self.file.table.items():
+        for config_file in self.files:
+            for key, queues in self._offsets_in(config_file).items():
+                merged = out.setdefault(key, {})
+                for qid, offset in queues.items():
+                    merged[qid] = max(offset, merged.get(qid, offset))
+        return out
+
+    @staticmethod
+    def _offsets_in(config_file: ConfigFile) -> dict[tuple[str, str], dict[int, int]]:
+        out: dict[tuple[str, str], dict[int, int]] = {}
+        for key, queues in config_file.table.items():
             parsed = parse_offset_key(key)
             if parsed is None or not isinstance(queues, dict):
                 continue
@@ -275,19 +291,23 @@ class ConsumerOffsets:
         return out
 
     def update(self, offsets: dict[tuple[str, str], dict[int, int]]) -> bool:
-        """Merge `offsets` ((group, topic) -> {qid: offset}) into the table; save it if any
-        changed.  Returns whether it did."""
-        changed = False
-        table = self.file.table
-        for (group, topic), queues in offsets.items():
-            key = offset_key(topic, group)
-            current = table.get(key)
-            if not isinstance(current, dict):
-                current = table[key] = {}
-            for qid, offset in queues.items():
-                if current.get(str(qid)) != offset:
-                    current[str(qid)] = offset
-                    changed = True
-        if changed:
-            self.file.save()
-        return changed
+        """Merge `offsets` ((group, topic) -> {qid: offset}) into the tables; save each that
+        changed.  Returns whether any did."""
+        saved = False
+        for config_file in self.files:
+            changed = False
+            table = config_file.table
+            for (group, topic), queues in offsets.items():
+                key = offset_key(topic, group)
+                current = table.get(key)
+                if not isinstance(current, dict):
+                    current = table[key] = {}
+                for qid, offset in queues.items():
+                    if current.get(str(qid), current.get(qid)) != offset:
+                        current.pop(qid, None)
+                        current[str(qid)] = offset
+                        changed = True
+            if changed:
+                config_file.save()
+                saved = True
+        return saved
