@@ -29,7 +29,7 @@ VERSION = "5.5.0"
 NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
 TOOL_MAIN = "tidemq.compat.CompatTool"
-START_TIMEOUT_S = 300  # a loaded machine: JVM start-up has taken minutes
+START_TIMEOUT_S = 300  # JVM start-up on a loaded machine
 
 
 def cache_dir() -> Path:
