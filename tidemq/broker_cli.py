@@ -37,6 +37,8 @@ def register(commands) -> None:
     p.add_argument("name")
     p.add_argument("--max-attempts", type=int, default=None, help="deliveries before the dead-letter queue (default 17)")
     p.add_argument("--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries")
+    p.add_argument("--fifo", action=argparse.BooleanOptionalAction, default=None,
+                   help="deliver each message group in order (RocketMQ's consumeMessageOrderly); --no-fifo undoes it")
     _target(p)
     p.set_defaults(func=_group_create)
     p = sub.add_parser("list", help="groups with, per queue, the consumed offset and the backlog")
@@ -119,8 +121,9 @@ def _topic_list(args) -> int:
 
 def _group_create(args) -> int:
     backoff = [int(x) for x in args.retry_backoff_ms.split(",")] if args.retry_backoff_ms else None
-    g = _call(args, "CreateGroup", name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff)
-    return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms"])
+    g = _call(args, "CreateGroup", name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff, fifo=args.fifo)
+    order = ", FIFO" if g.get("fifo") else ""
+    return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms{order}"])
 
 
 def _group_list(args) -> int:

@@ -37,7 +37,7 @@ def list_topics(broker: Broker) -> list[dict]:
 
 
 def create_group(broker: Broker, name: str, max_attempts: int | None = None,
-                 retry_backoff_ms: list[int] | None = None) -> dict:
+                 retry_backoff_ms: list[int] | None = None, fifo: bool | None = None) -> dict:
     validation.check_group_name(name, broker.config)
     group = broker.metadata.groups.get(name) or GroupConfig(name)
     if max_attempts is not None:
@@ -48,6 +48,8 @@ def create_group(broker: Broker, name: str, max_attempts: int | None = None,
         if not retry_backoff_ms or any(not 0 <= ms <= broker.config.max_invisible_time_ms for ms in retry_backoff_ms):
             raise BrokerError(Code.BAD_REQUEST, "retry backoff must be a non-empty list of durations within 12 h")
         group.retry_backoff_ms = list(retry_backoff_ms)
+    if fifo is not None:
+        group.fifo = bool(fifo)
     broker.metadata.put_group(group)
     return {**asdict(group), "max_attempts": group.max_delivery_attempts}
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 
 from ..store import Message, MessageStore, record
-from . import validation
+from . import fifo, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .filters import MATCH_ALL, TagFilter, parse_filter
@@ -49,6 +49,8 @@ class Broker:
         # handle generations never repeat, not even across restarts with nothing in flight
         self._generation = max(replayed_generation, self.clock() * 1000)
         self.journal.open(self.subscriptions.values())
+        # subscriptions holding FIFO entries: released at their first pop if the group is not FIFO
+        self._held = {key for key, sub in self.subscriptions.items() if fifo.has_held(sub)}
         self.sessions = Sessions(self.config.client_expire_ms)
         self.long_polling = LongPolling()
         self._pop_start: dict[tuple[str, str], int] = {}  # first queue of the next pop per group and topic
@@ -158,10 +160,17 @@ class Broker:
 
     # -- clients --------------------------------------------------------------------------------
 
-    def client_settings(self, client_id: str, client_type: str, group: str, topics: list[str]) -> ServerSettings:
+    def client_settings(self, client_id: str, client_type: str, group: str, topics: list[str],
+                        fifo_requested: bool = False) -> ServerSettings:
+        """`fifo_requested`: the client's settings ask for FIFO consumption, which makes its
+        group FIFO (a group has one order mode for all its consumers)."""
         session = self.sessions.touch(client_id, self.clock())
         session.client_type, session.group, session.topics = client_type, group, topics
         group_config = self.group(group) if group else None
+        if fifo_requested and group_config is not None and not group_config.fifo:
+            log.info("consumer group %s made FIFO: client %s asked for it", group, client_id)
+            group_config.fifo = True
+            self.metadata.put_group(group_config)
         return ServerSettings(
             max_body_size=self.config.max_message_size,
             validate_message_type=True,
@@ -169,6 +178,7 @@ class Broker:
             max_delivery_attempts=group_config.max_delivery_attempts if group_config else 17,
             retry_backoff_ms=tuple(group_config.retry_backoff_ms) if group_config else (),
             long_polling_timeout_ms=self.config.long_polling_timeout_ms,
+            fifo=group_config.fifo if group_config else False,
         )
 
     def heartbeat(self, client_id: str, client_type: str, group: str) -> None:
@@ -261,6 +271,7 @@ class Broker:
         """Deliver up to `req.batch_size` messages: due redeliveries first, then new entries from
         every queue of the topic.  Synchronous: nothing else runs on the loop meanwhile."""
         now = self.clock()
+        fifo_state = self._fifo_state(sub, group)
         batch = min(req.batch_size, self.config.max_batch_size)
         invisible = self.config.auto_renew_invisible_time_ms if req.auto_renew else req.invisible_ms
         owner = req.client_id if req.auto_renew else ""
@@ -291,9 +302,9 @@ class Broker:
             sub.deliver(again)
             journal_deliveries.append(delivery_fields(again))
             out.append(Received(rec, again.handle, again.attempt, until))
-            self.stats["redelivered"] += 1
+            self.stats["redelivered"] += d.attempt > 0  # attempt 0: a released FIFO entry
         if len(out) < batch:
-            self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors)
+            self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors, fifo_state)
         self.stats["delivered"] += len(out)
         if journal_deliveries or cursors:
             self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
@@ -306,7 +317,21 @@ class Broker:
             self._spawn(self._dead_letter(sub, group, dead))
         return out
 
-    def _pop_new(self, sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors) -> None:
+    def _fifo_state(self, sub: Subscription, group: GroupConfig) -> fifo.FifoState | None:
+        """The message-group chains of a FIFO group's subscription (rebuilt at its first pop);
+        None for other groups, whose held entries (left from FIFO days) are released."""
+        if group.fifo:
+            return sub.fifo or fifo.FifoState.rebuild(sub, self.store, self._waker(sub.topic))
+        if sub.fifo is not None or (sub.group, sub.topic) in self._held:
+            self._held.discard((sub.group, sub.topic))
+            fifo.FifoState(sub, self._waker(sub.topic)).release_all()
+        return None
+
+    def _waker(self, topic: str):
+        return lambda: self.long_polling.notify((topic,))
+
+    def _pop_new(self, sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
+                 fifo_state=None) -> None:
         store = self.store
         n = topic.queue_nums
         start = self._pop_start.get((sub.group, topic.name), 0) % n
@@ -322,7 +347,8 @@ class Broker:
             cursor = max(q.cursor, low)
             high = store.max_offset(topic.name, qid)
             scanned = 0
-            while cursor < high and len(out) < batch and scanned < _SCAN_LIMIT:
+            while cursor < high and len(out) < batch and scanned < _SCAN_LIMIT and (
+                    fifo_state is None or fifo_state.has_room(qid)):
                 want = batch - len(out) if tag_filter is MATCH_ALL else min(64, high - cursor)
                 units = store.read_units(topic.name, qid, cursor, want)
                 if not units:
@@ -336,6 +362,13 @@ class Broker:
                     if rec is None or not tag_filter.matches(rec.tags):
                         continue
                     self._generation += 1
+                    if fifo_state is not None and not fifo_state.admit(qid, unit.queue_offset, rec):
+                        d = Delivery(qid, unit.queue_offset, unit.commit_log_offset, 0, fifo.HELD, self._generation, "", now)
+                        sub.deliver(d)  # behind an earlier message of its message group
+                        journal_deliveries.append(delivery_fields(d))
+                        if not fifo_state.has_room(qid):
+                            break
+                        continue
                     d = Delivery(qid, unit.queue_offset, unit.commit_log_offset, 1, until, self._generation, owner, now)
                     sub.deliver(d)
                     journal_deliveries.append(delivery_fields(d))

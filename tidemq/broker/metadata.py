@@ -34,6 +34,7 @@ class GroupConfig:
     name: str
     retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
     retry_backoff_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_BACKOFF_MS))
+    fifo: bool = False  # consumeMessageOrderly: each message group is delivered in order
 
     @property
     def max_delivery_attempts(self) -> int:

@@ -65,7 +65,7 @@ _COMPACT_MIN = 4096  # due-heap entries below which stale ones are never dropped
 class Subscription:
     """Pop progress of one consumer group on one topic."""
 
-    __slots__ = ("group", "topic", "queues", "_due", "_compact_at")
+    __slots__ = ("group", "topic", "queues", "_due", "_compact_at", "fifo")
 
     def __init__(self, group: str, topic: str) -> None:
         self.group = group
@@ -73,6 +73,7 @@ class Subscription:
         self.queues: dict[int, QueueProgress] = {}
         self._due: list[tuple[int, int, int, int]] = []  # (invisible_until, qid, offset, generation), lazily stale
         self._compact_at = _COMPACT_MIN  # heap length at which stale entries are next counted
+        self.fifo = None  # fifo.FifoState while the group is FIFO (its message-group chains)
 
     def queue(self, qid: int, start: int) -> QueueProgress:
         q = self.queues.get(qid)
@@ -110,9 +111,13 @@ class Subscription:
             q.cursor = cursor
 
     def finish(self, qid: int, offset: int) -> Delivery | None:
-        """Ack, dead-letter, or drop: the entry is done for good."""
+        """Ack, dead-letter, or drop: the entry is done for good (a FIFO group's next message of
+        the same message group is released)."""
         q = self.queues.get(qid)
-        return q.in_flight.pop(offset, None) if q is not None else None
+        d = q.in_flight.pop(offset, None) if q is not None else None
+        if d is not None and self.fifo is not None:
+            self.fifo.finished(qid, offset)
+        return d
 
     def set_invisible(self, qid: int, offset: int, until: int, generation: int, renew_owner: str) -> Delivery | None:
         q = self.queues.get(qid)
@@ -136,8 +141,8 @@ class Subscription:
         qid, offset, generation = parsed
         q = self.queues.get(qid)
         d = q.in_flight.get(offset) if q is not None else None
-        if d is None or d.generation != generation or d.invisible_until <= now:
-            return None
+        if d is None or d.generation != generation or d.invisible_until <= now or d.attempt == 0:
+            return None  # attempt 0: a FIFO entry held or released, never handed out
         return d
 
     def pop_due(self, now: int) -> Delivery | None:

@@ -13,12 +13,14 @@ import logging
 from typing import Callable
 
 from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message, MessageStore, StoreClosedError, StoreError, record
-from . import validation
+from . import fifo, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
-from .types import MIXED, NORMAL, Publish, SendResult
+from .types import FIFO, MIXED, NORMAL, Publish, SendResult
+
+SUPPORTED_TYPES = frozenset({NORMAL, FIFO})
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class Publisher:
         if topic.message_type not in (msg.message_type, MIXED):
             raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                               f"topic {topic.name!r} takes {topic.message_type} messages, not {msg.message_type}")
-        if msg.message_type != NORMAL:
+        if msg.message_type not in SUPPORTED_TYPES:
             raise BrokerError(Code.NOT_IMPLEMENTED, f"{msg.message_type} messages are not supported yet")
         return topic
 
@@ -84,11 +86,15 @@ class Publisher:
             except BrokerError as exc:
                 results[i] = exc
                 continue
-            qid = queue_of.get(topic.name)
-            if qid is None:
-                qid = queue_of[topic.name] = self._next_write_queue(topic)
             properties = dict(msg.properties)
             properties[record.PROPERTY_UNIQ_KEY] = msg.message_id
+            if msg.message_group:  # its queue by hash, as RocketMQ's proxy picks it
+                qid = fifo.queue_for_group(msg.message_group, topic.queue_nums)
+                properties[fifo.PROPERTY_SHARDING_KEY] = msg.message_group
+            else:
+                qid = queue_of.get(topic.name)
+                if qid is None:
+                    qid = queue_of[topic.name] = self._next_write_queue(topic)
             accepted.append((i, Message(
                 topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
                 properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,

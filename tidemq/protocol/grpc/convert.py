@@ -8,7 +8,9 @@ from hashlib import md5
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
+from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
+from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED
 from ...broker.validation import RESERVED_PROPERTIES
 from ...store import record
 
@@ -155,7 +157,10 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     digest.type = pb.MD5
     digest.checksum = md5(body).hexdigest().upper()
     sp.body_encoding = pb.GZIP if rec.sysflag & record.FLAG_COMPRESSED else pb.IDENTITY
-    sp.message_type = pb.NORMAL
+    message_group = properties.get(PROPERTY_SHARDING_KEY)
+    if message_group:
+        sp.message_group = message_group
+    sp.message_type = delivered_message_type(properties)
     _set_ms(sp.born_timestamp, rec.born_timestamp)
     sp.born_host = rec.born_host[0]
     _set_ms(sp.store_timestamp, rec.store_timestamp)
@@ -165,6 +170,15 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     sp.queue_offset = rec.queue_offset
     _set_ms(sp.invisible_duration, max(0, invisible_ms))
     sp.delivery_attempt = attempt
+
+
+def delivered_message_type(properties: dict[str, str]) -> int:
+    """The type a delivered message reports, from its properties, as RocketMQ's proxy tells it."""
+    if properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
+        return pb.TRANSACTION
+    if PROPERTY_SHARDING_KEY in properties:
+        return pb.FIFO
+    return pb.NORMAL
 
 
 # Reserved properties most records carry: a record with no others has no user property to copy.

@@ -167,11 +167,12 @@ class MessagingService:
         topic = broker.route(convert.resource_name(request.topic))
         group = convert.resource_name(request.group)
         validation.check_group_name(group, broker.config)
-        broker.group(group)
+        fifo = broker.group(group).fifo
         if topic.perm & 4 == 0:
             raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
         where = self._advertised(request.endpoints)
-        queues = convert.message_queues(topic, request.topic, broker.config.broker_name, where, [-1])
+        # a FIFO group is assigned every queue (a receive loop each), others one queue id -1
+        queues = convert.message_queues(topic, request.topic, broker.config.broker_name, where, None if fifo else [-1])
         return svc.QueryAssignmentResponse(status=convert.OK, assignments=[pb.Assignment(message_queue=q) for q in queues])
 
     async def ReceiveMessage(self, request, rpc):
@@ -294,7 +295,8 @@ class MessagingService:
                 topics = [convert.resource_name(t) for t in settings.publishing.topics]
             else:
                 topics = [convert.resource_name(s.topic) for s in settings.subscription.subscriptions]
-            server = self.broker.client_settings(client_id, client_type, group, topics)
+            fifo = settings.subscription.HasField("fifo") and settings.subscription.fifo
+            server = self.broker.client_settings(client_id, client_type, group, topics, fifo)
             return svc.TelemetryCommand(status=convert.OK, settings=convert.server_settings(settings, server))
         except BrokerError as exc:
             return svc.TelemetryCommand(status=convert.status(exc.code, exc.message))
