@@ -28,6 +28,9 @@ class ServeOptions:
     renew_ahead_ms: int = 10_000
     renew_interval_ms: int = 5_000
     event_loop: str = "auto"
+    transaction_timeout_ms: int = 6_000
+    transaction_check_max: int = 15
+    transaction_check_interval_ms: int = 30_000
     # TLS (tidemq/protocol/tls.py, tidemq/certificate.py)
     tls: str = "permissive"
     tls_cert: str = ""
@@ -54,6 +57,12 @@ OPTIONS = [
      "invisible time the broker picks for push consumers (auto-renew)"),
     ("--renew-ahead-ms", "renewAheadTimeMillis", "renew_ahead_ms", "renew an auto-renewed message this long before its deadline"),
     ("--renew-interval-ms", "renewSchedulePeriodMillis", "renew_interval_ms", "how often auto-renewal runs"),
+    ("--transaction-timeout-ms", "transactionTimeOut", "transaction_timeout_ms",
+     "a half message is checked back no sooner than this after its birth"),
+    ("--transaction-check-max", "transactionCheckMax", "transaction_check_max",
+     "check-backs of a half message before it is dropped to TRANS_CHECK_MAX_TIME_TOPIC"),
+    ("--transaction-check-interval-ms", "transactionCheckInterval", "transaction_check_interval_ms",
+     "time between check-backs of an open transaction"),
     ("--event-loop", "eventLoop", "event_loop", "auto | uvloop | asyncio (auto: uvloop when installed, "
      "it takes less CPU per call)"),
     # TLS

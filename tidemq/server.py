@@ -43,6 +43,8 @@ class Server:
             long_polling_timeout_ms=options.long_polling_timeout_ms,
             auto_renew_invisible_time_ms=options.auto_renew_invisible_time_ms,
             renew_ahead_ms=options.renew_ahead_ms, renew_interval_ms=options.renew_interval_ms,
+            transaction_timeout_ms=options.transaction_timeout_ms, transaction_check_max=options.transaction_check_max,
+            transaction_check_interval_ms=options.transaction_check_interval_ms,
         )
         self.store: MessageStore | None = None
         self.broker: Broker | None = None

@@ -24,7 +24,8 @@ from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .pop_state import Delivery, Subscription
 from .publishing import PeerHost, Publisher
 from .sessions import ServerSettings, Sessions
-from .types import Publish, Received, ReceiveRequest, SendResult
+from .transactions import Transactions
+from .types import TRANSACTION, Publish, Received, ReceiveRequest, SendResult
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,18 @@ class Broker:
         self._filters: dict[tuple[str, str], TagFilter] = {}  # parsed filter expressions
         self.stats = dict.fromkeys(("sent", "delivered", "redelivered", "acked", "dead_lettered", "auto_renewals"), 0)
         self.publisher = Publisher(store, self.config, self.topic, self.stats)
+        self.transactions = self.publisher.transactions = Transactions(store, self.config, self.sessions, self.publisher.put)
+        self._daemons: set[asyncio.Task] = set()  # background loops that run until close
 
     # -- life -----------------------------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.store.subscribe(self._on_arrival)
+        self.store.wait_dispatched()  # the half and op queues are read whole
+        self.transactions.rebuild()
         self._maintenance = self._spawn(self._maintenance_loop())
+        self._daemons.update((self._maintenance, self._spawn(self._transaction_check_loop())))
 
     def _on_arrival(self, changes: dict) -> None:  # dispatch thread
         loop = self._loop
@@ -94,6 +100,15 @@ class Broker:
             except Exception:
                 log.exception("broker maintenance failed")
 
+    async def _transaction_check_loop(self) -> None:
+        interval = self.config.transaction_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.transactions.check(self.clock())
+            except Exception:
+                log.exception("transaction check failed")
+
     def _spawn(self, coroutine) -> asyncio.Task:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
@@ -103,7 +118,7 @@ class Broker:
     async def settle(self) -> None:
         """Wait for background moves (dead letters) started so far to finish."""
         while True:
-            pending = [t for t in self._tasks if t is not getattr(self, "_maintenance", None) and not t.done()]
+            pending = [t for t in self._tasks if t not in self._daemons and not t.done()]
             if not pending:
                 return
             await asyncio.wait(pending)
@@ -191,10 +206,14 @@ class Broker:
         if group:
             session.group = group
 
-    def telemetry_opened(self, client_id: str) -> None:
+    def telemetry_opened(self, client_id: str) -> asyncio.Queue:
+        """Returns the queue of commands (transaction checks) to write on the stream."""
         self.sessions.touch(client_id, self.clock()).telemetry_streams += 1
+        return self.transactions.attach(client_id)
 
-    def telemetry_closed(self, client_id: str) -> None:
+    def telemetry_closed(self, client_id: str, commands: asyncio.Queue | None = None) -> None:
+        if commands is not None:
+            self.transactions.detach(client_id, commands)
         session = self.sessions.clients.get(client_id)
         if session is not None:
             session.telemetry_streams = max(0, session.telemetry_streams - 1)
@@ -214,13 +233,22 @@ class Broker:
     # -- send -----------------------------------------------------------------------------------
 
     async def send(self, msg: Publish, peer_host: PeerHost = "127.0.0.1") -> SendResult:
-        (result,) = await self.publisher.send_batch([msg], peer_host)
+        (result,) = await self.send_batch([msg], peer_host)
         if isinstance(result, BrokerError):
             raise result
         return result
 
     async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
-        return await self.publisher.send_batch(messages, peer_host)
+        results = await self.publisher.send_batch(messages, peer_host)
+        for i, msg in enumerate(messages):
+            if msg.message_type == TRANSACTION and isinstance(results[i], SendResult):
+                results[i] = self.transactions.prepared(msg, results[i])
+        return results
+
+    async def end_transaction(self, topic: str, message_id: str, transaction_id: str, resolution: str) -> None:
+        """EndTransaction: `resolution` COMMIT or ROLLBACK (anything else leaves it open)."""
+        validation.check_topic_name(topic, self.config)
+        await self.transactions.end(topic, message_id, transaction_id, resolution)
 
     # -- receive --------------------------------------------------------------------------------
 

@@ -41,5 +41,8 @@ class BrokerConfig:
     offline_invisible_time_ms: int = 1_000
     client_expire_ms: int = 120_000  # channelExpiredTimeout
     producer_send_attempts: int = 3  # backoff_policy.max_attempts sent to producers
+    transaction_timeout_ms: int = 6_000  # transactionTimeOut: a half message's immunity from checks
+    transaction_check_max: int = 15  # transactionCheckMax: checks before it is dropped
+    transaction_check_interval_ms: int = 30_000  # transactionCheckInterval
     advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
     clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)

@@ -18,9 +18,9 @@ from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
-from .types import FIFO, MIXED, NORMAL, Publish, SendResult
+from .types import FIFO, MIXED, NORMAL, TRANSACTION, Publish, SendResult
 
-SUPPORTED_TYPES = frozenset({NORMAL, FIFO})
+SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION})
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ class Publisher:
         self.clock = config.clock
         self.topic = topic  # the broker's topic lookup (creates on first use when allowed)
         self.stats = stats
+        self.transactions = None  # transactions.Transactions: makes TRANSACTION sends half messages
         self._put_inline = store.config.flush != FLUSH_SYNC
         self._durable: DurableFutures | None = None  # made on the event loop, at the first sync-flush send
         self._round_robin: dict[str, int] = {}  # next write queue per topic
@@ -95,11 +96,18 @@ class Publisher:
                 qid = queue_of.get(topic.name)
                 if qid is None:
                     qid = queue_of[topic.name] = self._next_write_queue(topic)
-            accepted.append((i, Message(
+            message = Message(
                 topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
                 properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
                 born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
-            )))
+            )
+            if msg.message_type == TRANSACTION:
+                try:
+                    message = self.transactions.half_message(message, msg)
+                except BrokerError as exc:
+                    results[i] = exc
+                    continue
+            accepted.append((i, message))
         if accepted:
             outcomes = await self._store([m for _, m in accepted])
             for (i, message), put in zip(accepted, outcomes):

@@ -32,6 +32,7 @@ class Publish:
     delivery_timestamp: int | None = None  # ms
     priority: int | None = None
     lite_topic: str | None = None
+    transaction_recovery_seconds: int | None = None  # a TRANSACTION message's own immunity time
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +41,7 @@ class SendResult:
     queue_id: int
     queue_offset: int
     commit_log_offset: int
+    transaction_id: str = ""  # a TRANSACTION message's (its message id)
 
 
 @dataclass(slots=True)

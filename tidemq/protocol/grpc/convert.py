@@ -6,11 +6,12 @@ from functools import lru_cache
 from hashlib import md5
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
 from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
-from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED
+from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED, TransactionCheck
 from ...broker.validation import RESERVED_PROPERTIES
 from ...store import record
 
@@ -27,6 +28,7 @@ CLIENT_TYPE_NAMES = {
     pb.PULL_CONSUMER: "PULL_CONSUMER", pb.LITE_PUSH_CONSUMER: "LITE_PUSH_CONSUMER",
     pb.LITE_SIMPLE_CONSUMER: "LITE_SIMPLE_CONSUMER",
 }
+RESOLUTION_NAMES = {pb.COMMIT: "COMMIT", pb.ROLLBACK: "ROLLBACK"}
 FILTER_TYPE_NAMES = {pb.TAG: "TAG", pb.SQL: "SQL", pb.FILTER_TYPE_UNSPECIFIED: "TAG"}
 
 
@@ -118,6 +120,8 @@ def publish_from(message: pb.Message) -> Publish:
         delivery_timestamp=_ms(sp.delivery_timestamp) if has("delivery_timestamp") else None,
         priority=sp.priority if has("priority") else None,
         lite_topic=sp.lite_topic if has("lite_topic") else None,
+        transaction_recovery_seconds=(sp.orphaned_transaction_recovery_duration.seconds
+                                      if has("orphaned_transaction_recovery_duration") else None),
     )
 
 
@@ -195,6 +199,15 @@ def _set_ms(timestamp_or_duration, ms: int) -> None:
     seconds, millis = divmod(ms, 1000)
     timestamp_or_duration.seconds = seconds
     timestamp_or_duration.nanos = millis * 1_000_000
+
+
+def recover_orphaned_transaction(check: TransactionCheck) -> svc.TelemetryCommand:
+    """The command that asks a producer to resolve an open transaction."""
+    command = svc.TelemetryCommand()
+    recover = command.recover_orphaned_transaction_command
+    recover.transaction_id = check.transaction_id
+    fill_delivered_message(recover.message, check.record, "", "", 0, 0)
+    return command
 
 
 def server_settings(client: pb.Settings, server: ServerSettings) -> pb.Settings:

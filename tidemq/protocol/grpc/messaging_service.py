@@ -156,7 +156,8 @@ class MessagingService:
                 entry.status.CopyFrom(convert.status(result.code, result.message))
                 failed += 1
             else:
-                entry = entries.add(message_id=result.message_id, offset=result.queue_offset)
+                entry = entries.add(message_id=result.message_id, offset=result.queue_offset,
+                                    transaction_id=result.transaction_id)
                 entry.status.CopyFrom(convert.OK)
         _set_overall_status(response, failed)
         return response
@@ -268,15 +269,23 @@ class MessagingService:
         return svc.NotifyClientTerminationResponse(status=convert.OK)
 
     async def Telemetry(self, rpc):
+        """Answers the client's settings; writes the broker's commands (transaction checks)."""
         client_id = _client_id(rpc)
-        self.broker.telemetry_opened(client_id)
+        commands = self.broker.telemetry_opened(client_id)
         closing = asyncio.ensure_future(self.closing.wait())
+        next_command = None
         try:
             while True:
                 read = rpc.read()
-                await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():  # shutting down: end the stream, the client reconnects elsewhere
-                    return
+                while not read.done():
+                    if next_command is None:
+                        next_command = asyncio.ensure_future(commands.get())
+                    await asyncio.wait((read, closing, next_command), return_when=asyncio.FIRST_COMPLETED)
+                    if next_command.done():
+                        await rpc.write(convert.recover_orphaned_transaction(next_command.result()))
+                        next_command = None
+                    elif closing.done():  # shutting down: end the stream, the client reconnects elsewhere
+                        return
                 command = read.result()
                 if command is None:
                     return
@@ -284,7 +293,9 @@ class MessagingService:
                     await rpc.write(self._settings_reply(client_id, command.settings))
         finally:
             closing.cancel()
-            self.broker.telemetry_closed(client_id)
+            if next_command is not None:
+                next_command.cancel()
+            self.broker.telemetry_closed(client_id, commands)
 
     def _settings_reply(self, client_id: str, settings: pb.Settings) -> svc.TelemetryCommand:
         try:
@@ -301,8 +312,12 @@ class MessagingService:
         except BrokerError as exc:
             return svc.TelemetryCommand(status=convert.status(exc.code, exc.message))
 
-    def EndTransaction(self, request, rpc):
-        return svc.EndTransactionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "transactions are not supported yet"))
+    @unary(svc.EndTransactionResponse)
+    async def EndTransaction(self, request, rpc):
+        resolution = convert.RESOLUTION_NAMES.get(request.resolution, "")
+        await self.broker.end_transaction(convert.resource_name(request.topic), request.message_id,
+                                          request.transaction_id, resolution)
+        return svc.EndTransactionResponse(status=convert.OK)
 
     def RecallMessage(self, request, rpc):
         return svc.RecallMessageResponse(status=convert.status(Code.NOT_IMPLEMENTED, "recalling delay messages is not supported yet"))
