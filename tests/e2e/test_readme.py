@@ -7,6 +7,8 @@ import io
 import re
 from pathlib import Path
 
+from tidemq.protocol.grpc import admin_call
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -18,9 +20,10 @@ def broker_snippets() -> list[str]:
 
 
 def test_readme_producer_and_consumer_snippets_work(server):
-    producer, consumer = broker_snippets()
+    producer, consumer, transactional = broker_snippets()
+    admin_call(server.address, "CreateTopic", name="payments", queue_nums=8, message_type="TRANSACTION")
     outputs = []
-    for code in (producer, consumer):
+    for code in (producer, consumer, transactional):
         assert "127.0.0.1:8081" in code
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -28,3 +31,4 @@ def test_readme_producer_and_consumer_snippets_work(server):
         outputs.append(out.getvalue())
     assert outputs[0].startswith("sent ")
     assert "received paid order 42 paid attempt 1" in outputs[1]
+    assert outputs[2].startswith("committed ")
