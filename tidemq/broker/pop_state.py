@@ -10,6 +10,10 @@ A delivery:  popped (attempt 1, invisible until T) --ack--> gone
                  v
              due --redeliver--> attempt + 1 ...   or, past max attempts --> dead-lettered (gone)
 
+A FIFO group's subscription (`fifo` set, see fifo.py) also keeps entries read but held behind an
+earlier message of their message group: attempt 0, a deadline that never comes due; finishing the
+earlier one releases the next (deadline 0: due at once), which is then delivered as attempt 1.
+
 Receipt handles are `"{queue_id}.{queue_offset}.{generation}"`; a handle is valid while its
 delivery is in flight with that generation and its deadline has not passed.  Internal renewals
 (auto-renew for push consumers) keep the generation, so the original handle stays valid.
