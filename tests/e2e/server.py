@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -72,6 +73,16 @@ class ServerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def running(store: Path, *args: str):
+    """A server for the `with` block; it must stop cleanly."""
+    server = ServerProcess(store, *args).start()
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0, server.log_text()
 
 
 def tidemq(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -9,17 +9,16 @@ import threading
 import pytest
 from rocketmq import FilterExpression, Message, Producer, TransactionChecker, TransactionResolution
 
-from .server import ServerProcess, tidemq, wait_until
+from .server import running, tidemq, wait_until
 from .test_sdk import Clients, unique
 
 
 @pytest.fixture(scope="module")
 def tx_server(tmp_path_factory):
     """A broker that checks open transactions 1 s after their birth, then every 0.3 s."""
-    s = ServerProcess(tmp_path_factory.mktemp("broker") / "store", "--transaction-timeout-ms", "1000",
-                      "--transaction-check-interval-ms", "300").start()
-    yield s
-    assert s.stop() == 0, s.log_text()
+    with running(tmp_path_factory.mktemp("broker") / "store", "--transaction-timeout-ms", "1000",
+                 "--transaction-check-interval-ms", "300") as server:
+        yield server
 
 
 class Checker(TransactionChecker):

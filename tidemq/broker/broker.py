@@ -247,7 +247,7 @@ class Broker:
 
     async def end_transaction(self, topic: str, message_id: str, transaction_id: str, resolution: str) -> None:
         """EndTransaction: `resolution` COMMIT or ROLLBACK (anything else leaves it open)."""
-        validation.check_topic_name(topic, self.config)
+        self._check_topic(topic)
         await self.transactions.end(topic, message_id, transaction_id, resolution)
 
     # -- receive --------------------------------------------------------------------------------
@@ -437,6 +437,9 @@ class Broker:
 
     def _check_names(self, group: str, topic: str) -> None:
         self._check_group(group)
+        self._check_topic(topic)
+
+    def _check_topic(self, topic: str) -> None:
         if topic not in self._valid_topics:
             validation.check_topic_name(topic, self.config)
             if len(self._valid_topics) < 100_000:

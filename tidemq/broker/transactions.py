@@ -96,8 +96,9 @@ def to_half(message: Message, producer_group: str, born: int, immunity_seconds: 
         properties[PROPERTY_TRANSACTION_ID] = unique_key
     if immunity_seconds is not None:
         properties[PROPERTY_CHECK_IMMUNITY_SECONDS] = str(immunity_seconds)
-    return replace(message, topic=HALF_TOPIC, queue_id=0, properties=properties, born_timestamp=born,
-                   sysflag=message.sysflag & ~record.TRANSACTION_TYPE_MASK)
+    return Message(topic=HALF_TOPIC, body=message.body, queue_id=0, tags=message.tags, keys=message.keys,
+                   properties=properties, flag=message.flag, sysflag=message.sysflag & ~record.TRANSACTION_TYPE_MASK,
+                   born_timestamp=born, born_host=message.born_host, reconsume_times=message.reconsume_times)
 
 
 def committed(half: record.Record) -> Message:
@@ -199,7 +200,8 @@ class Transactions:
         self._open(Half(msg.message_id, msg.topic, result.queue_offset, result.commit_log_offset, born, immunity_ms, 0,
                         born + immunity_ms))
         self.stats["prepared"] += 1
-        return replace(result, transaction_id=msg.message_id)
+        return SendResult(result.message_id, result.queue_id, result.queue_offset, result.commit_log_offset,
+                          transaction_id=msg.message_id)
 
     async def end(self, topic: str, message_id: str, transaction_id: str, resolution: str) -> None:
         """EndTransaction: commit or roll back; any other resolution leaves it open (checked

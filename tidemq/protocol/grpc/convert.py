@@ -201,12 +201,12 @@ def _set_ms(timestamp_or_duration, ms: int) -> None:
     timestamp_or_duration.nanos = millis * 1_000_000
 
 
-def recover_orphaned_transaction(check: TransactionCheck) -> svc.TelemetryCommand:
-    """The command that asks a producer to resolve an open transaction."""
+def recover_orphaned_transaction(check: TransactionCheck, namespace: str) -> svc.TelemetryCommand:
+    """The command that asks a producer (of `namespace`) to resolve an open transaction."""
     command = svc.TelemetryCommand()
     recover = command.recover_orphaned_transaction_command
     recover.transaction_id = check.transaction_id
-    fill_delivered_message(recover.message, check.record, "", "", 0, 0)
+    fill_delivered_message(recover.message, check.record, namespace, "", 0, 0)
     return command
 
 

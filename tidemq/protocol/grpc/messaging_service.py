@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 CLIENT_ID_HEADER = "x-mq-client-id"
+NAMESPACE_HEADER = "x-mq-namespace"
 POLL_MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
 _RECEIVE_OK = svc.ReceiveMessageResponse(status=convert.OK)  # first response of a receive that found messages
 
@@ -271,6 +272,7 @@ class MessagingService:
     async def Telemetry(self, rpc):
         """Answers the client's settings; writes the broker's commands (transaction checks)."""
         client_id = _client_id(rpc)
+        namespace = rpc.metadata_value(NAMESPACE_HEADER)  # the client's names in the commands
         commands = self.broker.telemetry_opened(client_id)
         closing = asyncio.ensure_future(self.closing.wait())
         next_command = None
@@ -282,7 +284,7 @@ class MessagingService:
                         next_command = asyncio.ensure_future(commands.get())
                     await asyncio.wait((read, closing, next_command), return_when=asyncio.FIRST_COMPLETED)
                     if next_command.done():
-                        await rpc.write(convert.recover_orphaned_transaction(next_command.result()))
+                        await rpc.write(convert.recover_orphaned_transaction(next_command.result(), namespace))
                         next_command = None
                     elif closing.done():  # shutting down: end the stream, the client reconnects elsewhere
                         return
