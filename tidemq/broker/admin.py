@@ -81,4 +81,5 @@ def list_groups(broker: Broker) -> list[dict]:
 def stats(broker: Broker) -> dict:
     """Counters since start, and what is in flight now."""
     in_flight = sum(sub.in_flight_count() for sub in broker.subscriptions.values())
-    return {**broker.stats, "in_flight": in_flight, "clients": len(broker.sessions.clients)}
+    return {**broker.stats, "in_flight": in_flight, "clients": len(broker.sessions.clients),
+            "open_transactions": len(broker.transactions.pending)}

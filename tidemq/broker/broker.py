@@ -4,8 +4,9 @@ retries, dead letters, long polling, auto-renew).  asyncio, no protobuf.
 Ownership: everything here runs on one event loop (`start(loop)`), so the in-flight table, the
 metadata tables and the sessions need no locks.  A pop (read units, read records, record the
 deliveries, journal them) never awaits in the middle, so two receives of one group never see the
-same entry.  Sending lives in `publishing.Publisher`; the dispatch thread reaches the loop only
-through `call_soon_threadsafe` (arrival notifications)."""
+same entry.  Sending lives in `publishing.Publisher`, FIFO groups' message-group chains in
+`fifo.py`, transactions in `transactions.py`; the dispatch thread reaches the loop only through
+`call_soon_threadsafe` (arrival notifications)."""
 
 from __future__ import annotations
 
