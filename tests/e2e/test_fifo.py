@@ -44,10 +44,11 @@ class OrderedConsumer(threading.Thread):
             except Exception:  # the broker is restarting
                 time.sleep(0.1)  # reconnect pacing
                 continue
-            for m in batch:
-                group, seq = m.body.decode().split(":")
-                with self.lock:
+            with self.lock:  # in the order of delivery: a slow settle below must not reorder the log
+                for m in batch:
+                    group, seq = m.body.decode().split(":")
                     self.log.append((group, int(seq), m.delivery_attempt, m.message_group))
+            for m in batch:
                 if self.random.random() < 0.2:  # a nack: back at once
                     settle(self.consumer.change_invisible_duration, m, 0)
                 else:
