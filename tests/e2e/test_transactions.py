@@ -1,6 +1,7 @@
 """Transactions with the official Python SDK's producer and checker against a real server: commit,
 rollback, and the check-back of orphaned half messages (answered commit, rollback, or unknown
-first and commit on the next check)."""
+first and commit on the next check); the official Java 5.2.0 and Go v5.1.4 transaction producers
+committing and rolling back."""
 
 from __future__ import annotations
 
@@ -84,6 +85,33 @@ def test_commit_rollback_and_check_back(tx_server):
         assert {body for body, _ in checked} == {b"commit-orphan", b"rollback-orphan", b"late-orphan"}
         assert all(t == topic for _, t in checked)
         assert sum(1 for body, _ in checked if body == b"late-orphan") >= 2  # unknown, then commit
+        assert consumer.receive(16, 10) == []  # the rolled back ones never come
+    finally:
+        clients.close()
+
+
+@pytest.mark.parametrize("language", ["java", "go"])
+def test_official_java_and_go_transaction_producers_commit_and_roll_back(tx_server, request, language):
+    client = request.getfixturevalue(f"{language}_client")
+    clients = Clients(tx_server)
+    try:
+        topic = unique(f"Tx{language}")
+        assert tidemq("topic", "create", topic, "--type", "TRANSACTION", "--server", tx_server.address).returncode == 0
+        for outcome in ("commit", "rollback"):
+            sent = client.run("send", tx_server.address, "--topic", topic, "--type", "TRANSACTION", "--count", 2,
+                              "--body", f"{outcome}-{{i}}", "--transaction", outcome, "--check", outcome).check()
+            assert len(sent.events("sent")) == 2
+        consumer = clients.simple(unique("TxG"), {topic: FilterExpression()}, await_duration=1)
+        got = set()
+
+        def committed():
+            for m in consumer.receive(16, 10):
+                got.add(m.body)
+                consumer.ack(m)
+            return len(got) >= 2
+
+        wait_until(committed, timeout=30, what="the committed messages")
+        assert got == {b"commit-0", b"commit-1"}
         assert consumer.receive(16, 10) == []  # the rolled back ones never come
     finally:
         clients.close()
