@@ -23,8 +23,10 @@ def register(commands) -> None:
     sub = topic.add_subparsers(dest="topic_command", required=True)
     p = sub.add_parser("create", help="create a topic (or add queues to one)")
     p.add_argument("name")
-    p.add_argument("--queues", type=int, default=8)
+    p.add_argument("--queues", type=int, default=None, help="queue count (default 8; a PRIORITY topic: one per level)")
     p.add_argument("--type", default="NORMAL", choices=["NORMAL", "FIFO", "DELAY", "TRANSACTION", "PRIORITY", "LITE"])
+    p.add_argument("--priorities", type=int, default=None,
+                   help="priority levels of a PRIORITY topic, one queue each (default 10: priorities 0-9)")
     _target(p)
     p.set_defaults(func=_topic_create)
     p = sub.add_parser("list", help="topics with their queues' min and max offsets")
@@ -104,8 +106,10 @@ def _print(args, value, lines) -> int:
 
 
 def _topic_create(args) -> int:
-    t = _call(args, "CreateTopic", name=args.name, queue_nums=args.queues, message_type=args.type)
-    return _print(args, t, [f"topic {t['name']}: {t['queue_nums']} queues, {t['message_type']}"])
+    t = _call(args, "CreateTopic", name=args.name, queue_nums=args.queues, message_type=args.type,
+              priorities=args.priorities)
+    levels = f" ({t['priorities']} priority levels)" if "priorities" in t else ""
+    return _print(args, t, [f"topic {t['name']}: {t['queue_nums']} queues, {t['message_type']}{levels}"])
 
 
 def _topic_list(args) -> int:
@@ -113,7 +117,8 @@ def _topic_list(args) -> int:
     lines = []
     for t in topics:
         total = sum(q["max_offset"] - q["min_offset"] for q in t["queues"])
-        lines.append(f"{t['name']}  {t['message_type']}  {t['queue_nums']} queues  {total} messages")
+        levels = f" ({t['priorities']} priority levels)" if "priorities" in t else ""
+        lines.append(f"{t['name']}  {t['message_type']}{levels}  {t['queue_nums']} queues  {total} messages")
         for q in t["queues"]:
             lines.append(f"  {t['name']}/{q['queue_id']}  min {q['min_offset']}  max {q['max_offset']}")
     return _print(args, topics, lines)

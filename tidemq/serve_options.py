@@ -35,6 +35,7 @@ class ServeOptions:
     tls: str = "permissive"
     tls_cert: str = ""
     tls_key: str = ""
+    priority_retry_first_percent: int = 0
 
 
 # flag, config key (RocketMQ's name where one exists), option, help
@@ -63,6 +64,9 @@ OPTIONS = [
      "check-backs of a half message before it is dropped to TRANS_CHECK_MAX_TIME_TOPIC"),
     ("--transaction-check-interval-ms", "transactionCheckInterval", "transaction_check_interval_ms",
      "time between check-backs of an open transaction"),
+    ("--priority-retry-first-percent", "popFromRetryProbabilityForPriority", "priority_retry_first_percent",
+     "share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
+     "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)"),
     ("--event-loop", "eventLoop", "event_loop", "auto | uvloop | asyncio (auto: uvloop when installed, "
      "it takes less CPU per call)"),
     # TLS
@@ -117,4 +121,6 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     if options.tls not in _TLS_MODES:
         raise ValueError(f"--tls must be off, permissive or required, not {options.tls!r}")
     options.tls = _TLS_MODES[options.tls]
+    if not 0 <= options.priority_retry_first_percent <= 100:
+        raise ValueError(f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}")
     return options

@@ -45,6 +45,7 @@ class Server:
             renew_ahead_ms=options.renew_ahead_ms, renew_interval_ms=options.renew_interval_ms,
             transaction_timeout_ms=options.transaction_timeout_ms, transaction_check_max=options.transaction_check_max,
             transaction_check_interval_ms=options.transaction_check_interval_ms,
+            priority_retry_first_percent=options.priority_retry_first_percent,
         )
         self.store: MessageStore | None = None
         self.broker: Broker | None = None

@@ -105,7 +105,7 @@ def test_send_validation(stub, kw, code):
     assert send_code(stub, **kw) == code
 
 
-@pytest.mark.parametrize("message_type", ["DELAY", "PRIORITY", "LITE"])
+@pytest.mark.parametrize("message_type", ["DELAY", "LITE"])
 def test_later_message_types_are_refused_as_not_supported_yet(server, stub, message_type):
     from tidemq.protocol.grpc import admin_call
 

@@ -11,19 +11,44 @@ from . import validation
 from .broker import Broker
 from .codes import BrokerError, Code
 from .metadata import TOPIC_TYPES, GroupConfig, TopicConfig
+from .priority import DEFAULT_LEVELS
 
 
-def create_topic(broker: Broker, name: str, queue_nums: int, message_type: str = "NORMAL") -> dict:
+def create_topic(broker: Broker, name: str, queue_nums: int | None = None, message_type: str = "NORMAL",
+                 priorities: int | None = None) -> dict:
+    """Create a topic, or change one (queues can be added, not removed).  A PRIORITY topic has
+    one queue per priority level: `priorities` levels (default 10), or `queue_nums` of them."""
     validation.check_topic_name(name, broker.config)
     message_type = message_type.upper()
     if message_type not in TOPIC_TYPES:
         raise BrokerError(Code.BAD_REQUEST, f"topic type {message_type!r} is not one of {', '.join(TOPIC_TYPES)}")
+    queue_nums = _queue_count(queue_nums, message_type, priorities)
     if not 1 <= queue_nums <= 1024:
         raise BrokerError(Code.BAD_REQUEST, f"queue count {queue_nums} outside [1, 1024]")
     existing = broker.metadata.topics.get(name)
     if existing is not None and queue_nums < existing.queue_nums:
         raise BrokerError(Code.BAD_REQUEST, f"topic {name!r} has {existing.queue_nums} queues; they can be added, not removed")
-    return asdict(broker.metadata.put_topic(TopicConfig(name, queue_nums=queue_nums, message_type=message_type)))
+    return _topic_fields(broker.metadata.put_topic(TopicConfig(name, queue_nums=queue_nums, message_type=message_type)))
+
+
+def _queue_count(queue_nums: int | None, message_type: str, priorities: int | None) -> int:
+    if message_type != "PRIORITY":
+        if priorities is not None:
+            raise BrokerError(Code.BAD_REQUEST, f"priority levels are for PRIORITY topics, not {message_type} ones")
+        return 8 if queue_nums is None else queue_nums
+    if priorities is not None and queue_nums is not None and priorities != queue_nums:
+        raise BrokerError(Code.BAD_REQUEST, f"a priority topic has one queue per level: {priorities} levels "
+                          f"cannot have {queue_nums} queues")
+    if priorities is not None and not 1 <= priorities <= 1024:
+        raise BrokerError(Code.BAD_REQUEST, f"priority levels {priorities} outside [1, 1024]")
+    return next(n for n in (priorities, queue_nums, DEFAULT_LEVELS) if n is not None)
+
+
+def _topic_fields(topic: TopicConfig) -> dict:
+    fields = asdict(topic)
+    if topic.priority_levels:
+        fields["priorities"] = topic.priority_levels
+    return fields
 
 
 def list_topics(broker: Broker) -> list[dict]:
@@ -32,7 +57,7 @@ def list_topics(broker: Broker) -> list[dict]:
     for name, topic in sorted(broker.metadata.topics.items()):
         queues = [{"queue_id": q, "min_offset": store.min_offset(name, q), "max_offset": store.max_offset(name, q)}
                   for q in range(topic.queue_nums)]
-        out.append({**asdict(topic), "queues": queues, "waiting_receives": broker.long_polling.waiting(name)})
+        out.append({**_topic_fields(topic), "queues": queues, "waiting_receives": broker.long_polling.waiting(name)})
     return out
 
 

@@ -23,10 +23,11 @@ from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_lette
 from .pop_journal import PopJournal, delivery_fields
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .pop_state import Delivery, Subscription
+from .priority import PriorityPop
 from .publishing import PeerHost, Publisher
 from .sessions import ServerSettings, Sessions
 from .transactions import Transactions
-from .types import TRANSACTION, Publish, Received, ReceiveRequest, SendResult
+from .types import PRIORITY, TRANSACTION, Publish, Received, ReceiveRequest, SendResult
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Broker:
         self.publisher = Publisher(store, self.config, self.topic, self.stats)
         self.transactions = self.publisher.transactions = Transactions(store, self.config, self.sessions, self.publisher.put)
         self._daemons: set[asyncio.Task] = set()  # background loops that run until close
+        self.priority = PriorityPop(self.config.priority_retry_first_percent)
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -298,7 +300,8 @@ class Broker:
     def pop(self, sub: Subscription, topic: TopicConfig, group: GroupConfig, tag_filter: TagFilter,
             req: ReceiveRequest) -> list[Received]:
         """Deliver up to `req.batch_size` messages: due redeliveries first, then new entries from
-        every queue of the topic.  Synchronous: nothing else runs on the loop meanwhile."""
+        every queue of the topic (a priority topic: level by level, highest first, as
+        `priority.PriorityPop` orders them).  Synchronous: nothing else runs on the loop meanwhile."""
         now = self.clock()
         fifo_state = self._fifo_state(sub, group)
         batch = min(req.batch_size, self.config.max_batch_size)
@@ -309,31 +312,26 @@ class Broker:
         journal_deliveries: list = []
         cursors: list = []
         dead: list[Delivery] = []
-        while len(out) < batch:
-            d = sub.pop_due(now)
-            if d is None:
-                break
-            rec = self.store.read_record(d.commit_log_offset)
-            if rec is None or rec.queue_offset != d.queue_offset or rec.topic != sub.topic:
-                sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
-                self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
-                continue
-            if not tag_filter.matches(rec.tags):
-                sub.finish(d.queue_id, d.queue_offset)  # the group no longer wants it
-                self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
-                continue
-            if d.attempt >= group.max_delivery_attempts:
-                dead.append(d)
-                continue
-            self._generation += 1
-            again = Delivery(d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt + 1, until,
-                             self._generation, owner, now)
-            sub.deliver(again)
-            journal_deliveries.append(delivery_fields(again))
-            out.append(Received(rec, again.handle, again.attempt, until))
-            self.stats["redelivered"] += d.attempt > 0  # attempt 0: a released FIFO entry
-        if len(out) < batch:
-            self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors, fifo_state)
+
+        def redeliver(d: Delivery) -> None:
+            self._redeliver(sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead)
+
+        if topic.message_type == PRIORITY and fifo_state is None:
+            def pop_level(qid: int) -> bool:
+                self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors, (qid,))
+                return self._scan_incomplete
+
+            self.priority.fill(sub, topic.queue_nums, batch, out, now, redeliver, pop_level)
+        else:
+            self.priority.hand_back(sub)
+            while len(out) < batch:
+                d = sub.pop_due(now)
+                if d is None:
+                    break
+                redeliver(d)
+            if len(out) < batch:
+                self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
+                              fifo_state=fifo_state)
         self.stats["delivered"] += len(out)
         if journal_deliveries or cursors:
             self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
@@ -359,16 +357,43 @@ class Broker:
     def _waker(self, topic: str):
         return lambda: self.long_polling.notify((topic,))
 
+    def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead) -> None:
+        """Deliver the due delivery `d` again, drop it (gone, or filtered out), or mark it for the
+        dead-letter queue (past the group's max attempts)."""
+        rec = self.store.read_record(d.commit_log_offset)
+        if rec is None or rec.queue_offset != d.queue_offset or rec.topic != sub.topic:
+            sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
+            self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+            return
+        if not tag_filter.matches(rec.tags):
+            sub.finish(d.queue_id, d.queue_offset)  # the group no longer wants it
+            self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+            return
+        if d.attempt >= group.max_delivery_attempts:
+            dead.append(d)
+            return
+        self._generation += 1
+        again = Delivery(d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt + 1, until,
+                         self._generation, owner, now)
+        sub.deliver(again)
+        journal_deliveries.append(delivery_fields(again))
+        out.append(Received(rec, again.handle, again.attempt, until))
+        self.stats["redelivered"] += d.attempt > 0  # attempt 0: a released FIFO entry
+
     def _pop_new(self, sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
-                 fifo_state=None) -> None:
+                 queue_ids=None, fifo_state=None) -> None:
+        """New entries of the topic's queues: `queue_ids` in that order, or every queue, starting
+        one further at each pop.  `fifo_state`: a FIFO group's
+        message-group chains, which hold back later messages of a busy message group."""
         store = self.store
-        n = topic.queue_nums
-        start = self._pop_start.get((sub.group, topic.name), 0) % n
-        self._pop_start[(sub.group, topic.name)] = (start + 1) % n
-        for i in range(n):
+        if queue_ids is None:
+            n = topic.queue_nums
+            start = self._pop_start.get((sub.group, topic.name), 0) % n
+            self._pop_start[(sub.group, topic.name)] = (start + 1) % n
+            queue_ids = [(start + i) % n for i in range(n)]
+        for qid in queue_ids:
             if len(out) >= batch:
                 break
-            qid = (start + i) % n
             q = sub.queues.get(qid)
             low = store.min_offset(topic.name, qid)
             if q is None:

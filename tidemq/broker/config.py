@@ -44,5 +44,8 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000  # transactionTimeOut: a half message's immunity from checks
     transaction_check_max: int = 15  # transactionCheckMax: checks before it is dropped
     transaction_check_interval_ms: int = 30_000  # transactionCheckInterval
+    # share of a priority topic's pops, in percent, that serve a level's due redeliveries before its
+    # fresh messages; 0: a redelivery ranks just below the fresh messages of its level
+    priority_retry_first_percent: int = 0  # popFromRetryProbabilityForPriority
     advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
     clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)

@@ -28,6 +28,12 @@ class TopicConfig:
     message_type: str = "NORMAL"  # the topic attribute message.type
     perm: int = 6  # read | write, as RocketMQ's PermName
 
+    @property
+    def priority_levels(self) -> int:
+        """A PRIORITY topic's number of priority levels, 0 for other topics: one queue per level,
+        so the queue count is the level count (RocketMQ keeps no other)."""
+        return self.queue_nums if self.message_type == "PRIORITY" else 0
+
 
 @dataclass
 class GroupConfig:

@@ -13,14 +13,14 @@ import logging
 from typing import Callable
 
 from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message, MessageStore, StoreClosedError, StoreError, record
-from . import fifo, validation
+from . import fifo, priority, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
-from .types import FIFO, MIXED, NORMAL, TRANSACTION, Publish, SendResult
+from .types import FIFO, MIXED, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
 
-SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION})
+SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY})
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,16 @@ class Publisher:
         if topic.message_type not in (msg.message_type, MIXED):
             raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                               f"topic {topic.name!r} takes {topic.message_type} messages, not {msg.message_type}")
+        if msg.message_type == PRIORITY and (msg.priority is None or msg.priority < 0):
+            raise BrokerError(Code.BAD_REQUEST, f"a priority message needs a priority of 0 or more, not {msg.priority}")
         if msg.message_type not in SUPPORTED_TYPES:
             raise BrokerError(Code.NOT_IMPLEMENTED, f"{msg.message_type} messages are not supported yet")
         return topic
 
     async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
         """Store the acceptable messages of a batch together, in order, on one queue per topic
-        (round-robin between batches); per message its result or why it was refused.
+        (round-robin between batches; a priority message on the queue of its level); per message
+        its result or why it was refused.
         `peer_host`: the sender's address, recorded as the born host of a message that names no
         valid one, or a function giving it (asked only then: the SDK names its own)."""
         results: list[SendResult | BrokerError | None] = [None] * len(messages)
@@ -92,6 +95,9 @@ class Publisher:
             if msg.message_group:  # its queue by hash, as RocketMQ's proxy picks it
                 qid = fifo.queue_for_group(msg.message_group, topic.queue_nums)
                 properties[fifo.PROPERTY_SHARDING_KEY] = msg.message_group
+            elif msg.message_type == PRIORITY:  # its level's queue, whatever the topic's type (as RocketMQ)
+                qid = priority.queue_of(msg.priority, topic.queue_nums)
+                properties[priority.PROPERTY_PRIORITY] = str(msg.priority)
             else:
                 qid = queue_of.get(topic.name)
                 if qid is None:

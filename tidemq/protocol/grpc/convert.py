@@ -10,6 +10,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
 from ...broker.fifo import PROPERTY_SHARDING_KEY
+from ...broker import priority as priorities
 from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
 from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED, TransactionCheck
 from ...broker.validation import RESERVED_PROPERTIES
@@ -102,6 +103,11 @@ def publish_from(message: pb.Message) -> Publish:
             message_type = "DELAY"
         else:
             message_type = "NORMAL"
+    priority = sp.priority if has("priority") else None
+    if message_type in ("NORMAL", "PRIORITY"):  # typed by the priority's presence, as RocketMQ's proxy does
+        message_type = "NORMAL" if priority is None else "PRIORITY"
+    else:
+        priority = None  # RocketMQ's broker drops the priority of other message types
     encoding = sp.body_encoding
     if encoding not in _BODY_ENCODINGS:
         raise BrokerError(Code.BAD_REQUEST, f"unknown body encoding {encoding}")
@@ -118,7 +124,7 @@ def publish_from(message: pb.Message) -> Publish:
         compressed=encoding == pb.GZIP,
         message_group=sp.message_group if has("message_group") else None,
         delivery_timestamp=_ms(sp.delivery_timestamp) if has("delivery_timestamp") else None,
-        priority=sp.priority if has("priority") else None,
+        priority=priority,
         lite_topic=sp.lite_topic if has("lite_topic") else None,
         transaction_recovery_seconds=(sp.orphaned_transaction_recovery_duration.seconds
                                       if has("orphaned_transaction_recovery_duration") else None),
@@ -165,6 +171,9 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     if message_group:
         sp.message_group = message_group
     sp.message_type = delivered_message_type(properties)
+    priority = priorities.parse(properties.get(priorities.PROPERTY_PRIORITY))
+    if priority is not None:
+        sp.priority = priority
     _set_ms(sp.born_timestamp, rec.born_timestamp)
     sp.born_host = rec.born_host[0]
     _set_ms(sp.store_timestamp, rec.store_timestamp)
@@ -182,11 +191,14 @@ def delivered_message_type(properties: dict[str, str]) -> int:
         return pb.TRANSACTION
     if PROPERTY_SHARDING_KEY in properties:
         return pb.FIFO
+    if priorities.PROPERTY_PRIORITY in properties:
+        return pb.PRIORITY
     return pb.NORMAL
 
 
 # Reserved properties most records carry: a record with no others has no user property to copy.
-_DELIVERY_PROPERTIES = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY}) & RESERVED_PROPERTIES
+_DELIVERY_PROPERTIES = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY,
+                                  priorities.PROPERTY_PRIORITY}) & RESERVED_PROPERTIES
 
 
 @lru_cache(maxsize=64)
