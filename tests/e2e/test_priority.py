@@ -5,6 +5,7 @@ filters, type checks, and priorities that survive a restart and a SIGKILL."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -15,7 +16,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from tidemq.protocol.grpc import admin_call
 
-from .server import ServerProcess, wait_until
+from .server import ServerProcess, tidemq, wait_until
 from .test_restart import receive, retrying, visible
 from .test_sdk import Clients, clients, message, unique  # noqa: F401 (fixture)
 from .test_validation import META, send_request, stub  # noqa: F401 (fixture)
@@ -230,3 +231,15 @@ def test_priorities_survive_a_restart_and_a_sigkill(tmp_path):
     finally:
         clients.close()
         server.stop()
+
+
+def test_the_cli_creates_a_priority_topic_with_its_levels(server):
+    name = unique("CliPrio")
+    created = tidemq("topic", "create", name, "--type", "PRIORITY", "--priorities", "4", "--server", server.address)
+    assert created.returncode == 0, created.stderr
+    assert f"topic {name}: 4 queues, PRIORITY (4 priority levels)" in created.stdout
+    listed = tidemq("topic", "list", "--server", server.address, "--json")
+    (topic,) = [t for t in json.loads(listed.stdout) if t["name"] == name]
+    assert topic["priorities"] == 4 and len(topic["queues"]) == 4
+    refused = tidemq("topic", "create", unique("CliPrio"), "--type", "NORMAL", "--priorities", "4", "--server", server.address)
+    assert refused.returncode != 0 and "PRIORITY topics" in refused.stderr
