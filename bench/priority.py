@@ -238,9 +238,13 @@ class RabbitMQ:
     def load(self, queue: str, priorities: list[int], levels: int) -> None:
         pika = self.pika
         self.channel.queue_declare(queue, durable=True, arguments={"x-max-priority": levels})
-        self.channel.confirm_delivery()
         for p in priorities:
             self.channel.basic_publish("", queue, BODY, pika.BasicProperties(priority=p, delivery_mode=2))
+        give_up = time.monotonic() + 300
+        while self.channel.queue_declare(queue, passive=True).method.message_count < len(priorities):
+            if time.monotonic() > give_up:  # the whole backlog queued before consuming
+                raise RuntimeError("RabbitMQ did not queue the backlog")
+            time.sleep(0.05)
 
     def consume(self, queue: str, count: int) -> tuple[float, list[int]]:
         order: list[int] = []

@@ -198,7 +198,7 @@ def test_message_types_that_do_not_match_the_topic_get_the_proxy_codes(server, s
 
 
 def test_priorities_survive_a_restart_and_a_sigkill(tmp_path):
-    server = ServerProcess(tmp_path / "store", "--flush", "sync").start()
+    server = ServerProcess(tmp_path / "store", "--flush", "sync", "--grace-seconds", "1").start()
     clients = Clients(server)  # noqa: F811
     try:
         topic = create_priority_topic(server.address)
