@@ -62,7 +62,7 @@ def test_a_random_priority_backlog_is_received_highest_first_within_and_across_b
     rng = random.Random(43)
     priorities = [rng.randrange(10) for _ in range(10_000)]
     ids = send_batched(stub, topic, priorities)
-    wait_until(lambda: visible(server.address, topic) == len(ids), what="the backlog to be visible")
+    wait_until(lambda: visible(server.address, topic) == len(ids), timeout=60, what="the backlog to be visible")
 
     consumer = clients.simple(unique("G"), {topic: FilterExpression()}, await_duration=1)
     batches = []
@@ -113,12 +113,13 @@ def test_a_failed_high_message_is_redelivered_before_any_lower_one_once_its_dead
     assert high.message_id == high_id
     consumer.change_invisible_duration(high, 2)  # fails: back in 2 s
     deadline = time.monotonic() + 2
-    lows = consumer.receive(4, 60)  # lower messages go while it is invisible
-    assert [m.priority for m in lows] == [3] * 4 and high_id not in {m.message_id for m in lows}
-    time.sleep(max(0.0, deadline - time.monotonic()) + 0.2)  # until its deadline has passed
-    batch = consumer.receive(8, 60)
+    batch = consumer.receive(4, 60)  # lower messages go while it is invisible
+    if high_id not in {m.message_id for m in batch}:  # (unless the receive came after its deadline)
+        assert [m.priority for m in batch] == [3] * 4
+        time.sleep(max(0.0, deadline - time.monotonic()) + 0.2)  # until its deadline has passed
+        batch = consumer.receive(8, 60)
     assert batch[0].message_id == high_id and batch[0].priority == 8 and batch[0].delivery_attempt == 2
-    assert [m.priority for m in batch[1:]] == [3] * 7
+    assert [m.priority for m in batch[1:]] == [3] * (len(batch) - 1)
 
 
 def test_push_consumers_get_the_highest_level_first_and_a_failed_message_keeps_its_level(server, clients):
