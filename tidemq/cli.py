@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .broker_cli import register as register_broker_commands
 
     register_broker_commands(commands)
+    from .lookup_cli import register as register_lookup_commands
+
+    register_lookup_commands(commands)
     from .pipeline.cli import add_commands as add_pipeline_commands
 
     add_pipeline_commands(commands)

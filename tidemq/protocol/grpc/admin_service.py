@@ -4,12 +4,13 @@ with JSON payloads (no .proto to compile).  Each answer is `{"result": ...}` or
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 
 import grpc
 
-from ...broker import Broker, BrokerError, admin
+from ...broker import Broker, BrokerError, admin, lookups
 from .transport import UNARY, Method
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,10 @@ def admin_methods(broker: Broker) -> dict[str, Method]:
     def call(function):
         def handle(request, rpc):
             try:
-                return {"result": function(broker, **request)}
-            except BrokerError as exc:
-                return {"error": {"code": exc.code.name, "message": exc.message}}
-            except TypeError as exc:
-                return {"error": {"code": "BAD_REQUEST", "message": str(exc)}}
+                result = function(broker, **request)
+            except (BrokerError, TypeError) as exc:
+                return _error(exc)
+            return _awaited(result) if inspect.iscoroutine(result) else {"result": result}
 
         handle.__name__ = function.__name__
         return Method(UNARY, handle, _decode, _encode)
@@ -46,8 +46,22 @@ def admin_methods(broker: Broker) -> dict[str, Method]:
         "CreateGroup": admin.create_group,
         "ListGroups": admin.list_groups,
         "Stats": admin.stats,
+        **lookups.METHODS,
     }
     return {f"/{SERVICE}/{name}": call(f) for name, f in methods.items()}
+
+
+def _error(exc: Exception) -> dict:
+    if isinstance(exc, BrokerError):
+        return {"error": {"code": exc.code.name, "message": exc.message}}
+    return {"error": {"code": "BAD_REQUEST", "message": str(exc)}}
+
+
+async def _awaited(result) -> dict:
+    try:
+        return {"result": await result}
+    except (BrokerError, TypeError) as exc:
+        return _error(exc)
 
 
 def admin_call(address: str, method: str, timeout: float = 10.0, **arguments):
