@@ -11,8 +11,8 @@ from rocketmq import ConsumeResult, FilterExpression
 from tidemq.broker import BrokerError, Code
 from tidemq.protocol.grpc import admin_call
 
-from .server import tidemq, wait_until
-from .test_sdk import Listener, clients, message, receive_all, unique  # noqa: F401 (fixture)
+from .server import ServerProcess, tidemq, wait_until
+from .test_sdk import Clients, Listener, clients, message, receive_all, unique  # noqa: F401 (fixture)
 
 
 def _admin(server, method: str, **arguments):
@@ -141,3 +141,27 @@ def test_dlq_resend_sends_each_dead_letter_back_once(server, clients):
         raise AssertionError("a resend for a missing group answered")
     except BrokerError as exc:
         assert exc.code == Code.CONSUMER_GROUP_NOT_FOUND
+
+
+def test_dlq_resend_after_a_sigkill_does_not_resend_again(tmp_path):
+    s = ServerProcess(tmp_path / "store").start()
+    topic, group = unique("DeadKill"), unique("DG")
+    c = Clients(s)
+    try:
+        _admin(s, "CreateGroup", name=group, max_attempts=1)
+        listener = Listener(lambda m: ConsumeResult.FAILURE)
+        c.push(group, {topic: FilterExpression()}, listener)
+        sent = c.producer(topic).send(message(topic, b"poison"))
+        wait_until(lambda: _found(s, sent.message_id, f"%DLQ%{group}"), what="the dead letter")
+    finally:
+        c.close()
+    (resent,) = _admin(s, "ResendDeadLetters", group=group)["resent"]
+    s.kill()
+    s.start()
+    try:
+        again = _admin(s, "ResendDeadLetters", group=group)
+        assert again["resent"] == [] and again["already_resent"] == [resent["offset_msg_id"]]
+        copies = [m for m in _found(s, sent.message_id, topic) if "DLQ_RESENT_FROM" in m["properties"]]
+        assert [m["offset_msg_id"] for m in copies] == [resent["new_offset_msg_id"]]
+    finally:
+        assert s.stop() == 0, s.log_text()

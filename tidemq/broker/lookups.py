@@ -45,7 +45,7 @@ def describe(rec: record.Record) -> dict:
     try:
         plain = gzip.decompress(body) if compressed else body
         decoded = plain.decode("utf-8")
-        if decoded.isprintable() or all(c.isprintable() or c in "\n\r\t" for c in decoded):
+        if all(c.isprintable() or c in "\n\r\t" for c in decoded):
             text = decoded
     except (OSError, EOFError, UnicodeDecodeError):
         pass
