@@ -5,11 +5,22 @@ import pytest
 from . import clients
 from .server import ServerProcess
 
+FLUSH_MODES = ("async", "sync")
+
+
+def pytest_generate_tests(metafunc):
+    """Tests that use the module's `server` run once per flush mode (a module may name fewer in
+    its own FLUSH_MODES: those whose subject does not depend on the flush policy)."""
+    if "server" in metafunc.fixturenames:
+        modes = getattr(metafunc.module, "FLUSH_MODES", FLUSH_MODES)
+        metafunc.parametrize("server", modes, indirect=True, scope="module", ids=[f"{m}-flush" for m in modes])
+
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """One broker per test module (async flush, defaults)."""
-    s = ServerProcess(tmp_path_factory.mktemp("broker") / "store").start()
+def server(request, tmp_path_factory):
+    """One broker per test module and flush mode (otherwise defaults)."""
+    flush = request.param
+    s = ServerProcess(tmp_path_factory.mktemp(f"broker-{flush}") / "store", "--flush", flush).start()
     yield s
     assert s.stop() == 0, s.log_text()
 

@@ -10,6 +10,8 @@ from rocketmq import FilterExpression, Producer, SimpleConsumer
 from .server import ServerProcess, tidemq
 from .test_sdk import message, unique
 
+FLUSH_MODES = ("async",)  # the admin commands and snippets do not depend on the flush policy
+
 
 def test_topic_and_group_commands_against_a_running_broker(server):
     out = tidemq("topic", "create", "AdminOrders", "--queues", "4", "--type", "FIFO", "--server", server.address)

@@ -10,6 +10,7 @@ from pathlib import Path
 from tidemq.protocol.grpc import admin_call
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+FLUSH_MODES = ("async",)  # the snippets do not depend on the flush policy
 
 
 def broker_snippets() -> list[str]:
