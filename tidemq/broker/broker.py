@@ -386,6 +386,7 @@ class Broker:
         one further at each pop.  `fifo_state`: a FIFO group's
         message-group chains, which hold back later messages of a busy message group."""
         store = self.store
+        withdrawn = self.publisher.withdrawn
         if queue_ids is None:
             n = topic.queue_nums
             start = self._pop_start.get((sub.group, topic.name), 0) % n
@@ -412,6 +413,8 @@ class Broker:
                     cursor = unit.queue_offset + 1
                     if not tag_filter.matches_code(unit.tags_code):
                         continue
+                    if withdrawn and unit.commit_log_offset in withdrawn:
+                        continue  # its send was reported failed
                     rec = store.read_unit(unit)
                     if rec is None or not tag_filter.matches(rec.tags):
                         continue

@@ -19,6 +19,7 @@ from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
 from .types import FIFO, MIXED, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
+from .withdrawn import Withdrawn
 
 SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY})
 
@@ -37,6 +38,7 @@ class Publisher:
         self.transactions = None  # transactions.Transactions: makes TRANSACTION sends half messages
         self._put_inline = store.config.flush != FLUSH_SYNC
         self._durable: DurableFutures | None = None  # made on the event loop, at the first sync-flush send
+        self.withdrawn = Withdrawn(store.directory / "pop")  # appended, then reported failed: never delivered
         self._round_robin: dict[str, int] = {}  # next write queue per topic
         self._hosts: dict[str, str] = {}  # born host -> the host recorded (cache of the IP check)
         self._valid_topics: set[str] = set()  # names and tags that passed validation (hot path: every send)
@@ -171,7 +173,11 @@ class Publisher:
         durable, loop = self._durable, asyncio.get_running_loop()
         if durable is None or durable.loop is not loop:
             durable = self._durable = DurableFutures(self.store, loop)
-        await durable.after(end)
+        try:
+            await durable.after(end)
+        except BaseException:  # the sender hears of a failure (or nothing): the records must not be seen
+            self.withdrawn.add([r.commit_log_offset for r in (results if type(results) is list else [results])])
+            raise
         return results
 
 
