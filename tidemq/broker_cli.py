@@ -135,7 +135,7 @@ def _group_list(args) -> int:
     groups = _call(args, "ListGroups")
     lines = []
     for g in groups:
-        lines.append(f"{g['name']}  max attempts {g['max_attempts']}")
+        lines.append(f"{g['name']}  max attempts {g['max_attempts']}  dead letters {g['dead_letters']}")
         for t in g["topics"]:
             lines.append(f"  {t['topic']}  backlog {t['backlog']}")
             for q in t["queues"]:

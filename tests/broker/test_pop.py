@@ -1,6 +1,9 @@
 """Pop semantics at the broker level, in virtual time: invisibility, ack, change invisible time,
 redelivery with delivery_attempt + 1, dead letters, consumed offsets, auto-renew."""
 
+import asyncio
+import time
+
 import pytest
 
 from tidemq.broker import BrokerError, Code, admin, dead_letter_topic
@@ -405,3 +408,54 @@ def test_a_batch_the_disk_refuses_part_way_keeps_what_was_stored(harness):
     # the disk has room again: the next send is stored and delivered
     harness.send("T", b"later")
     assert bodies(harness.receive("G", "T")) == [b"later"]
+
+
+def _group(broker, name):
+    (g,) = [g for g in admin.list_groups(broker) if g["name"] == name]
+    return g
+
+
+def test_a_last_attempt_past_its_deadline_is_dead_lettered_without_a_receive(harness):
+    admin.create_group(harness.broker, "G", max_attempts=2)
+    harness.send("T", b"poison")
+    for attempt in (1, 2):
+        harness.clock.advance(10_000)
+        (r,) = harness.receive("G", "T", invisible_ms=10_000)
+        assert r.delivery_attempt == attempt
+    harness.clock.advance(9_999)
+    assert harness.broker.revive(harness.clock()) == 0  # not due yet
+    harness.clock.advance(1)
+    assert harness.broker.revive(harness.clock()) == 1  # nobody receives: moved all the same
+    harness.run(harness.broker.settle())
+    harness.store.wait_dispatched()
+    g = _group(harness.broker, "G")
+    assert g["dead_letters"] == 1
+    assert g["topics"][0]["backlog"] == 0 and sum(q["in_flight"] for q in g["topics"][0]["queues"]) == 0
+    (dead,) = harness.receive("other", dead_letter_topic("G"))
+    assert dead.record.body == b"poison" and dead.record.reconsume_times == 2
+    harness.clock.advance(100_000)
+    assert harness.broker.revive(harness.clock()) == 0 and harness.receive("G", "T") == []
+
+
+def test_the_background_revive_moves_due_last_attempts_after_a_restart(harness):
+    admin.create_group(harness.broker, "G", max_attempts=1)
+    harness.send("T", b"poison")
+    (r,) = harness.receive("G", "T", invisible_ms=10_000)
+    harness.close()
+    harness.open()  # the in-flight delivery comes back from the journal
+    harness.clock.advance(10_000)
+    give_up = time.monotonic() + 20  # a bound on the wait, not a timing assertion
+    while _group(harness.broker, "G")["dead_letters"] == 0 and time.monotonic() < give_up:
+        harness.run(asyncio.sleep(0.05))  # the broker's loop runs its revive task meanwhile
+    assert _group(harness.broker, "G")["dead_letters"] == 1
+    assert _group(harness.broker, "G")["topics"][0]["backlog"] == 0
+
+
+def test_a_lowered_max_attempts_applies_to_deliveries_already_in_flight(harness):
+    admin.create_group(harness.broker, "G", max_attempts=5)
+    harness.send("T", b"m")
+    harness.receive("G", "T", invisible_ms=10_000)
+    harness.clock.advance(10_000)
+    assert harness.broker.revive(harness.clock()) == 0  # 4 attempts left: a receive redelivers it
+    admin.create_group(harness.broker, "G", max_attempts=1)
+    assert harness.broker.revive(harness.clock()) == 1

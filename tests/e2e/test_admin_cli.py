@@ -95,3 +95,34 @@ def test_admin_commands_on_a_stopped_brokers_store(tmp_path):
         assert "OfflineGroup" in {g["name"] for g in admin_call(s.address, "ListGroups")}
     finally:
         assert s.stop() == 0
+
+
+def test_a_poison_message_is_dead_lettered_after_its_consumers_left(server):
+    from tidemq.protocol.grpc import admin_call
+
+    from .server import wait_until
+
+    topic, group = unique("Poison"), unique("G")
+    assert tidemq("group", "create", group, "--max-attempts", "1", "--server", server.address).returncode == 0
+    producer = Producer(server.config(), (topic,))
+    consumer = SimpleConsumer(server.config(), group, {topic: FilterExpression()}, await_duration=1)
+    producer.startup()
+    consumer.startup()
+    try:
+        producer.send(message(topic, b"poison"))
+        got = []
+        while not got:
+            got = consumer.receive(1, 30)
+        consumer.change_invisible_duration(got[0], 1)  # its last attempt ends in a second, unacked
+    finally:
+        consumer.shutdown()  # nobody of the group receives again
+        producer.shutdown()
+
+    def dead_letters():
+        (g,) = [g for g in admin_call(server.address, "ListGroups") if g["name"] == group]
+        return g["dead_letters"]
+
+    wait_until(lambda: dead_letters() == 1, what="the message in the dead-letter queue")
+    text = tidemq("group", "list", "--server", server.address).stdout
+    assert f"{group}  max attempts 1  dead letters 1" in text
+    assert f"{topic}  backlog 0" in text

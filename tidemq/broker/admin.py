@@ -10,7 +10,7 @@ from dataclasses import asdict
 from . import validation
 from .broker import Broker
 from .codes import BrokerError, Code
-from .metadata import TOPIC_TYPES, GroupConfig, TopicConfig
+from .metadata import TOPIC_TYPES, GroupConfig, TopicConfig, dead_letter_topic
 from .priority import DEFAULT_LEVELS
 
 
@@ -81,7 +81,8 @@ def create_group(broker: Broker, name: str, max_attempts: int | None = None,
 
 def list_groups(broker: Broker) -> list[dict]:
     """Per group and subscribed topic, per queue: the consumed offset (everything below it is
-    acked), the queue's max offset, the backlog between them, and how many are in flight."""
+    acked), the queue's max offset, the backlog between them, and how many are in flight; per
+    group, how many messages its dead-letter queue holds."""
     store = broker.store
     out = []
     for name, group in sorted(broker.metadata.groups.items()):
@@ -99,7 +100,11 @@ def list_groups(broker: Broker) -> list[dict]:
                 queues.append({"queue_id": qid, "consumed_offset": consumed, "max_offset": high,
                                "backlog": max(0, high - consumed), "in_flight": len(q.in_flight) if q else 0})
             topics.append({"topic": topic_name, "backlog": sum(q["backlog"] for q in queues), "queues": queues})
-        out.append({**asdict(group), "max_attempts": group.max_delivery_attempts, "topics": topics})
+        dlq = dead_letter_topic(name)
+        dead = broker.metadata.topics.get(dlq)
+        dead_letters = sum(store.max_offset(dlq, q) - store.min_offset(dlq, q) for q in range(dead.queue_nums)) if dead else 0
+        out.append({**asdict(group), "max_attempts": group.max_delivery_attempts, "dead_letters": dead_letters,
+                    "topics": topics})
     return out
 
 

@@ -35,6 +35,7 @@ PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 _SCAN_LIMIT = 1024  # consume-queue units one pop examines per queue at most (tag filters skip)
+REVIVE_INTERVAL_S = 0.5  # how often due last attempts are moved to the dead-letter queue unasked
 
 
 class Broker:
@@ -78,7 +79,8 @@ class Broker:
         self.store.wait_dispatched()  # the half and op queues are read whole
         self.transactions.rebuild()
         self._maintenance = self._spawn(self._maintenance_loop())
-        self._daemons.update((self._maintenance, self._spawn(self._transaction_check_loop())))
+        self._revive = self._spawn(self._revive_loop())
+        self._daemons.update((self._maintenance, self._revive, self._spawn(self._transaction_check_loop())))
 
     def _on_arrival(self, changes: dict) -> None:  # dispatch thread
         loop = self._loop
@@ -112,8 +114,16 @@ class Broker:
             except Exception:
                 log.exception("transaction check failed")
 
+    async def _revive_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REVIVE_INTERVAL_S)
+            try:
+                self.revive(self.clock())
+            except Exception:
+                log.exception("moving due last attempts to the dead-letter queue failed")
+
     def _spawn(self, coroutine) -> asyncio.Task:
-        task = asyncio.ensure_future(coroutine)
+        task = self._loop.create_task(coroutine) if self._loop is not None else asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -338,10 +348,7 @@ class Broker:
             if journal_deliveries:
                 self._schedule_wake(sub.topic, until)
         if dead:
-            for d in dead:  # hidden while in transit to the dead-letter queue (not journaled)
-                self._generation += 1
-                sub.set_invisible(d.queue_id, d.queue_offset, now + 60_000, self._generation, "")
-            self._spawn(self._dead_letter(sub, group, dead))
+            self._move_to_dead_letters(sub, group, dead, now)
         return out
 
     def _fifo_state(self, sub: Subscription, group: GroupConfig) -> fifo.FifoState | None:
@@ -379,6 +386,28 @@ class Broker:
         journal_deliveries.append(delivery_fields(again))
         out.append(Received(rec, again.handle, again.attempt, until))
         self.stats["redelivered"] += d.attempt > 0  # attempt 0: a released FIFO entry
+
+    def revive(self, now: int) -> int:
+        """Move every delivery on its last attempt whose deadline has passed to the dead-letter
+        queue, whether or not a consumer of its group receives (RocketMQ's revive service);
+        returns how many moves started."""
+        moved = 0
+        for sub in self.subscriptions.values():
+            group = self.metadata.groups.get(sub.group)
+            if group is None:
+                continue
+            sub.set_dead_after(group.max_delivery_attempts)
+            dead = sub.pop_due_last(now)
+            if dead:
+                self._move_to_dead_letters(sub, group, dead, now)
+                moved += len(dead)
+        return moved
+
+    def _move_to_dead_letters(self, sub: Subscription, group: GroupConfig, dead: list[Delivery], now: int) -> None:
+        for d in dead:  # hidden while in transit to the dead-letter queue (not journaled)
+            self._generation += 1
+            sub.set_invisible(d.queue_id, d.queue_offset, now + 60_000, self._generation, "")
+        self._spawn(self._dead_letter(sub, group, dead))
 
     def _pop_new(self, sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
                  queue_ids=None, fifo_state=None) -> None:

@@ -69,7 +69,7 @@ _COMPACT_MIN = 4096  # due-heap entries below which stale ones are never dropped
 class Subscription:
     """Pop progress of one consumer group on one topic."""
 
-    __slots__ = ("group", "topic", "queues", "_due", "_compact_at", "fifo")
+    __slots__ = ("group", "topic", "queues", "_due", "_compact_at", "fifo", "dead_after", "_last")
 
     def __init__(self, group: str, topic: str) -> None:
         self.group = group
@@ -78,6 +78,10 @@ class Subscription:
         self._due: list[tuple[int, int, int, int]] = []  # (invisible_until, qid, offset, generation), lazily stale
         self._compact_at = _COMPACT_MIN  # heap length at which stale entries are next counted
         self.fifo = None  # fifo.FifoState while the group is FIFO (its message-group chains)
+        # deliveries on their last allowed attempt (attempt >= dead_after), as _due: what the
+        # broker's revive moves to the dead-letter queue once due, whether or not anyone polls
+        self.dead_after: int | None = None  # the group's max delivery attempts; None: not yet told
+        self._last: list[tuple[int, int, int, int]] = []
 
     def queue(self, qid: int, start: int) -> QueueProgress:
         q = self.queues.get(qid)
@@ -94,18 +98,24 @@ class Subscription:
         if d.queue_offset >= q.cursor:
             q.cursor = d.queue_offset + 1
         heapq.heappush(self._due, (d.invisible_until, d.queue_id, d.queue_offset, d.generation))
+        if self.dead_after is not None and d.attempt >= self.dead_after:
+            heapq.heappush(self._last, (d.invisible_until, d.queue_id, d.queue_offset, d.generation))
         self._compact_due()
 
     def _compact_due(self) -> None:
         """Drop stale heap entries once they outnumber the live ones four to one (renewals leave
-        many).  Counting the live ones walks every queue, so it is done each time the heap has
-        doubled since the last count, not on every push."""
+        many; the last-attempt heap never holds more entries than the due heap).  Counting the
+        live ones walks every queue, so it is done each time the heap has doubled since the last
+        count, not on every push."""
         if len(self._due) < self._compact_at:
             return
         if len(self._due) > 4 * self.in_flight_count():
             self._due = [(d.invisible_until, d.queue_id, d.queue_offset, d.generation)
                          for q in self.queues.values() for d in q.in_flight.values()]
             heapq.heapify(self._due)
+            if self.dead_after is not None:
+                max_attempts, self.dead_after = self.dead_after, None
+                self.set_dead_after(max_attempts)
         self._compact_at = max(_COMPACT_MIN, 2 * len(self._due))
 
     def advance(self, qid: int, cursor: int) -> None:
@@ -132,8 +142,33 @@ class Subscription:
         d.generation = generation
         d.renew_owner = renew_owner
         heapq.heappush(self._due, (until, qid, offset, generation))
+        if self.dead_after is not None and d.attempt >= self.dead_after:
+            heapq.heappush(self._last, (until, qid, offset, generation))
         self._compact_due()
         return d
+
+    def set_dead_after(self, max_attempts: int) -> None:
+        """The group's max delivery attempts (again when it changed): which deliveries are on
+        their last attempt."""
+        if max_attempts == self.dead_after:
+            return
+        self.dead_after = max_attempts
+        self._last = [(d.invisible_until, d.queue_id, d.queue_offset, d.generation)
+                      for q in self.queues.values() for d in q.in_flight.values() if d.attempt >= max_attempts]
+        heapq.heapify(self._last)
+
+    def pop_due_last(self, now: int) -> list[Delivery]:
+        """The deliveries on their last attempt whose deadline has passed (due for the dead-letter
+        queue), removed from that heap; they stay in flight."""
+        out = []
+        last = self._last
+        while last and last[0][0] <= now:
+            until, qid, offset, generation = heapq.heappop(last)
+            q = self.queues.get(qid)
+            d = q.in_flight.get(offset) if q is not None else None
+            if d is not None and d.generation == generation and d.invisible_until == until:
+                out.append(d)
+        return out
 
     # -- queries --------------------------------------------------------------------------------
 
