@@ -83,9 +83,10 @@ def _call(args: argparse.Namespace, method: str, **arguments):
 @contextmanager
 def _offline_broker(directory: str):
     from .broker import Broker
+    from .cli import existing_store
     from .store import MessageStore
 
-    store = MessageStore(directory)
+    store = MessageStore(existing_store(directory))
     try:
         broker = Broker(store)
         try:

@@ -8,9 +8,21 @@ import sys
 from pathlib import Path
 
 
+def existing_store(directory: str) -> Path:
+    """`directory` if it holds a store; else SystemExit with one line (commands that open a store
+    never create one where the user made a typo)."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise SystemExit(f"tidemq: no store at {directory}: no such directory")
+    if not (path / "commitlog").is_dir():
+        raise SystemExit(f"tidemq: no store at {directory}: it has no commitlog directory")
+    return path
+
+
 def _store_inspect(args: argparse.Namespace) -> int:
     from .store import check
 
+    existing_store(args.dir)
     segments, queues, log_end = check.inspect(Path(args.dir))
     print(f"store {args.dir}")
     print(f"commit log: {len(segments)} segment(s), end offset {log_end}")
@@ -30,9 +42,11 @@ def _store_inspect(args: argparse.Namespace) -> int:
 
 
 def _store_check(args: argparse.Namespace) -> int:
+    from .broker.pop_journal import check_journal
     from .store import check
 
-    report = check.check(Path(args.dir))
+    report = check.check(existing_store(args.dir))
+    report.problems += check_journal(Path(args.dir) / "pop")
     for problem in report.problems:
         print(f"problem: {problem}")
     verdict = "sound" if report.sound else f"NOT sound ({len(report.problems)} problem(s))"
@@ -41,12 +55,17 @@ def _store_check(args: argparse.Namespace) -> int:
 
 
 def _store_repair(args: argparse.Namespace) -> int:
+    from .broker.pop_journal import repair_journal
     from .store import MessageStore, StoreConfig
 
-    store = MessageStore(Path(args.dir), StoreConfig(repair=True))
-    report = store.recovery
+    directory = existing_store(args.dir)
+    store = MessageStore(directory, StoreConfig(repair=True))
+    messages = list(store.recovery.messages)
     store.close()
-    for line in report.messages or ["nothing to repair"]:
+    journal = repair_journal(directory / "pop", directory / "repair")
+    if journal is not None:
+        messages.append(journal)
+    for line in messages or ["nothing to repair"]:
         print(line)
     return 0
 

@@ -20,7 +20,7 @@ from .config import BrokerConfig
 from .filters import MATCH_ALL, TagFilter, parse_filter
 from .long_polling import LongPolling
 from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_letter_topic
-from .pop_journal import PopJournal, delivery_fields
+from .pop_journal import JournalWriteError, PopJournal, delivery_fields
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .pop_state import Delivery, Subscription
 from .priority import PriorityPop
@@ -241,7 +241,10 @@ class Broker:
             for q in sub.queues.values():
                 for d in list(q.in_flight.values()):
                     if d.renew_owner == client_id:
-                        self._set_invisible(sub, d, now + self.config.offline_invisible_time_ms, d.generation, "")
+                        try:
+                            self._set_invisible(sub, d, now + self.config.offline_invisible_time_ms, d.generation, "")
+                        except BrokerError:
+                            return  # logged; the renewal stops and they come back at their deadline
 
     # -- send -----------------------------------------------------------------------------------
 
@@ -322,9 +325,11 @@ class Broker:
         journal_deliveries: list = []
         cursors: list = []
         dead: list[Delivery] = []
+        cursors_before = {qid: q.cursor for qid, q in sub.queues.items()}  # to undo the pop
+        replaced: list[Delivery] = []  # the due deliveries this pop delivers again
 
         def redeliver(d: Delivery) -> None:
-            self._redeliver(sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead)
+            self._redeliver(sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead, replaced)
 
         if topic.message_type == PRIORITY and fifo_state is None:
             def pop_level(qid: int) -> bool:
@@ -342,11 +347,17 @@ class Broker:
             if len(out) < batch:
                 self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
                               fifo_state=fifo_state)
-        self.stats["delivered"] += len(out)
         if journal_deliveries or cursors:
-            self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
+            try:
+                self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
+            except JournalWriteError as exc:
+                _undo_pop(sub, out, replaced, cursors_before)
+                if dead:
+                    self._move_to_dead_letters(sub, group, dead, now)
+                raise _journal_refused(exc, "the deliveries") from None
             if journal_deliveries:
                 self._schedule_wake(sub.topic, until)
+        self.stats["delivered"] += len(out)
         if dead:
             self._move_to_dead_letters(sub, group, dead, now)
         return out
@@ -364,17 +375,18 @@ class Broker:
     def _waker(self, topic: str):
         return lambda: self.long_polling.notify((topic,))
 
-    def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead) -> None:
+    def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead,
+                   replaced) -> None:
         """Deliver the due delivery `d` again, drop it (gone, or filtered out), or mark it for the
-        dead-letter queue (past the group's max attempts)."""
+        dead-letter queue (past the group's max attempts); `replaced` gets the deliveries it replaces."""
         rec = self.store.read_record(d.commit_log_offset)
         if rec is None or rec.queue_offset != d.queue_offset or rec.topic != sub.topic:
             sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
-            self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+            self._journal_done(sub, d)
             return
         if not tag_filter.matches(rec.tags):
             sub.finish(d.queue_id, d.queue_offset)  # the group no longer wants it
-            self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+            self._journal_done(sub, d)
             return
         if d.attempt >= group.max_delivery_attempts:
             dead.append(d)
@@ -383,9 +395,18 @@ class Broker:
         again = Delivery(d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt + 1, until,
                          self._generation, owner, now)
         sub.deliver(again)
+        replaced.append(d)
         journal_deliveries.append(delivery_fields(again))
         out.append(Received(rec, again.handle, again.attempt, until))
         self.stats["redelivered"] += d.attempt > 0  # attempt 0: a released FIFO entry
+
+    def _journal_done(self, sub: Subscription, d: Delivery) -> None:
+        """Journal that an entry is done for want of a record or a match; if the disk refuses, it
+        is done in memory only, and after a restart it is found gone or unmatched again."""
+        try:
+            self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+        except JournalWriteError as exc:
+            log.warning("%s; %s/%d@%d is done, journaled at the next snapshot", exc, sub.topic, d.queue_id, d.queue_offset)
 
     def revive(self, now: int) -> int:
         """Move every delivery on its last attempt whose deadline has passed to the dead-letter
@@ -522,17 +543,22 @@ class Broker:
         sub = self.subscriptions.get((group, topic))
         now = self.clock()
         results: list[BrokerError | None] = []
-        done = []
+        done: dict[tuple[int, int], int] = {}  # (queue id, offset) -> index in results
         for handle in handles:
             d = sub.lookup(handle, now) if sub is not None else None
-            if d is None:
+            if d is None or (d.queue_id, d.queue_offset) in done:
                 results.append(BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired"))
                 continue
-            sub.finish(d.queue_id, d.queue_offset)
-            done.append([d.queue_id, d.queue_offset])
+            done[(d.queue_id, d.queue_offset)] = len(results)
             results.append(None)
         if done:
-            self.journal.append(["F", group, topic, done])
+            try:  # journaled before the table changes: a refused line changes nothing
+                self.journal.append(["F", group, topic, [list(key) for key in done]])
+            except JournalWriteError as exc:
+                error = _journal_refused(exc, "the acks")
+                return [error if result is None else result for result in results]
+            for qid, offset in done:
+                sub.finish(qid, offset)
             self.stats["acked"] += len(done)
         return results
 
@@ -556,11 +582,18 @@ class Broker:
         for handle in handles:
             d = sub.lookup(handle, now)
             if d is not None:
-                self._set_invisible(sub, d, now + self.config.offline_invisible_time_ms, d.generation, "")
+                try:
+                    self._set_invisible(sub, d, now + self.config.offline_invisible_time_ms, d.generation, "")
+                except BrokerError:
+                    return  # logged; they come back at their own deadline
 
     def _set_invisible(self, sub: Subscription, d: Delivery, until: int, generation: int, owner: str) -> None:
+        """Raises BrokerError, with nothing changed, if the journal cannot record it."""
+        try:
+            self.journal.append(["i", sub.group, sub.topic, d.queue_id, d.queue_offset, until, generation, owner])
+        except JournalWriteError as exc:
+            raise _journal_refused(exc, "the new invisible time") from None
         sub.set_invisible(d.queue_id, d.queue_offset, until, generation, owner)
-        self.journal.append(["i", sub.group, sub.topic, d.queue_id, d.queue_offset, until, generation, owner])
         self._schedule_wake(sub.topic, until)
 
     async def forward_to_dead_letter(self, group: str, topic: str, handle: str) -> None:
@@ -613,3 +646,26 @@ class Broker:
                         self.stats["auto_renewals"] += 1
                     changed += 1
         return changed
+
+
+def _journal_refused(exc: JournalWriteError, what: str) -> BrokerError:
+    """What a client is told when the pop journal could not record its call (the environment:
+    the broker's disk is full or failing); nothing of the call took effect."""
+    log.error("%s: %s not recorded", exc, what)
+    return BrokerError(Code.INTERNAL_SERVER_ERROR, f"the broker cannot record {what}: its disk refused a pop "
+                       f"journal write ({exc.strerror or exc}); retry later")
+
+
+def _undo_pop(sub: Subscription, out: list[Received], replaced: list[Delivery], cursors_before: dict[int, int]) -> None:
+    """Take back the deliveries of a pop whose journal line the disk refused: the redelivered
+    ones are due again as they were, the new ones unread."""
+    for received in out:
+        qid, offset, _ = (int(part) for part in received.receipt_handle.split("."))
+        sub.finish(qid, offset)
+    for d in replaced:
+        sub.deliver(d)
+    for qid in list(sub.queues):
+        if qid in cursors_before:
+            sub.queues[qid].cursor = cursors_before[qid]
+        elif not sub.queues[qid].in_flight:
+            del sub.queues[qid]

@@ -10,13 +10,16 @@
     ["i", group, topic, qid, offset, invisible_until, generation, renew_owner]   new deadline
 
 Each line is written with one `write` call before the client hears of the transition, so a killed
-process loses nothing the kernel accepted; `sync()` (periodic, and at close) makes it survive a
+process loses nothing the kernel accepted.  A write the disk refuses in part or whole (full,
+read-only) is cut back off (`ftruncate` to the last whole line) and raises JournalWriteError: the
+journal always ends with a whole line, and the caller undoes the transition and fails the call; `sync()` (periodic, and at close) makes it survive a
 power loss too.  A torn last line (killed mid-write) is dropped on replay.  On open, after replay,
 the journal is rewritten as a snapshot of the live table (temp file, fsync, rename), and again
 whenever it grows past `compact_bytes`."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -27,6 +30,10 @@ from .pop_state import Delivery, Subscription
 
 log = logging.getLogger(__name__)
 
+
+class JournalWriteError(OSError):
+    """The disk refused a journal line: nothing of it is in the journal."""
+
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -36,30 +43,23 @@ class PopJournal:
         self.path = directory / "journal"
         self.compact_bytes = compact_bytes
         self._fd = -1
-        self._size = 0
+        self._size = 0  # bytes of whole lines
         self._dirty = False
+        self._torn = False  # bytes past _size that a refused write left (cut before the next line)
+        self.write = os.write  # the writer (tests inject a disk that is full)
 
     # -- replay ---------------------------------------------------------------------------------
 
     def replay(self) -> tuple[dict[tuple[str, str], Subscription], int]:
-        """Rebuild the in-flight table; returns it and the highest handle generation seen."""
-        subs: dict[tuple[str, str], Subscription] = {}
-        generation = 0
-        if not self.path.exists():
-            return subs, generation
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        for number, line in enumerate(lines):
-            if not line:
-                continue
-            try:
-                entry = json.loads(line)
-                generation = max(generation, _apply(subs, entry))
-            except (ValueError, IndexError, TypeError) as exc:
-                if number >= len(lines) - 2:
-                    log.warning("pop journal: dropped a torn last line (%d bytes): %s", len(line), exc)
-                    break
-                raise ValueError(f"pop journal {self.path}: line {number + 1} is corrupt: {exc}") from None
+        """Rebuild the in-flight table; returns it and the highest handle generation seen.
+        Raises ValueError naming the first damaged line that is not the last (`tidemq store
+        repair` drops such lines)."""
+        subs, generation, damaged = replay_lines(self.path)
+        for number, _, reason, last in damaged:
+            if not last:
+                raise ValueError(f"pop journal {self.path}: line {number} is corrupt: {reason}; "
+                                 f"'tidemq store repair' drops the damaged lines (redeliveries, never losses)")
+            log.warning("pop journal: dropped a torn last line (line %d): %s", number, reason)
         return subs, generation
 
     # -- writing --------------------------------------------------------------------------------
@@ -94,8 +94,25 @@ class PopJournal:
         self._rewrite(subs)
 
     def append(self, entry: list) -> None:
+        """Write one line, whole, or raise JournalWriteError with the journal as it was."""
         line = (_dumps(entry) + "\n").encode()
-        os.write(self._fd, line)
+        try:
+            if self._torn:  # a refused write left part of a line: cut it first
+                os.ftruncate(self._fd, self._size)
+                self._torn = False
+            written = self.write(self._fd, line)
+        except OSError as exc:
+            self._torn = True  # whatever the refused call left is cut before the next line
+            raise JournalWriteError(exc.errno, f"{exc.strerror or exc} (pop journal {self.path})") from None
+        if written != len(line):  # the disk took part of the line (full): take it back
+            self._torn = True
+            try:
+                os.ftruncate(self._fd, self._size)
+                self._torn = False
+            except OSError:
+                pass  # cut before the next line is written
+            raise JournalWriteError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (pop journal {self.path}: "
+                                    f"{written} of {len(line)} bytes written)")
         self._size += len(line)
         self._dirty = True
 
@@ -109,6 +126,58 @@ class PopJournal:
             self.sync()
             os.close(self._fd)
             self._fd = -1
+
+
+def replay_lines(path: Path) -> tuple[dict[tuple[str, str], Subscription], int, list[tuple[int, bytes, str, bool]]]:
+    """The table the journal at `path` holds, the highest generation, and its damaged lines
+    (number, bytes, reason, whether it is the last): a line that does not parse or apply is
+    skipped.  Dropping a line can only bring deliveries back, never lose one."""
+    subs: dict[tuple[str, str], Subscription] = {}
+    generation = 0
+    damaged: list[tuple[int, bytes, str, bool]] = []
+    if not path.exists():
+        return subs, generation, damaged
+    lines = path.read_bytes().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+            generation = max(generation, _apply(subs, entry))
+        except (ValueError, IndexError, TypeError, KeyError, AttributeError) as exc:
+            damaged.append((number, line, str(exc), number >= len(lines) - 1))
+    return subs, generation, damaged
+
+
+def check_journal(directory: Path) -> list[str]:
+    """Problems of the pop journal in `directory`: its damaged lines (a torn last line is not
+    one: replay drops it)."""
+    path = Path(directory) / "journal"
+    return [f"pop journal {path}: line {number} is damaged ({reason})"
+            for number, _, reason, last in replay_lines(path)[2] if not last]
+
+
+def repair_journal(directory: Path, keep_dir: Path) -> str | None:
+    """Drop the damaged lines of the pop journal in `directory` (kept under `keep_dir`), so the
+    broker starts; returns what was done, or None if nothing needed doing."""
+    path = Path(directory) / "journal"
+    _, _, damaged = replay_lines(path)
+    if not damaged:
+        return None
+    keep_dir.mkdir(parents=True, exist_ok=True)
+    kept = keep_dir / f"pop-journal-damaged-lines-{os.getpid()}-{int(os.path.getmtime(path))}"
+    kept.write_bytes(b"".join(b"%d: %s\n" % (number, line) for number, line, _, _ in damaged))
+    skip = {number for number, _, _, _ in damaged}
+    lines = path.read_bytes().split(b"\n")
+    good = b"".join(line + b"\n" for number, line in enumerate(lines, 1) if line and number not in skip)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(good)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return (f"pop journal: dropped {len(damaged)} damaged line(s) (kept in {kept}); the deliveries they "
+            "recorded come back (redeliveries, never losses)")
 
 
 def delivery_fields(d: Delivery) -> list:
