@@ -35,14 +35,16 @@ def register(commands) -> None:
 
     group = commands.add_parser("group", help="create and list consumer groups")
     sub = group.add_subparsers(dest="group_command", required=True)
-    p = sub.add_parser("create", help="create a consumer group (or change its retry policy)")
-    p.add_argument("name")
-    p.add_argument("--max-attempts", type=int, default=None, help="deliveries before the dead-letter queue (default 17)")
-    p.add_argument("--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries")
-    p.add_argument("--fifo", action=argparse.BooleanOptionalAction, default=None,
-                   help="deliver each message group in order (RocketMQ's consumeMessageOrderly); --no-fifo undoes it")
-    _target(p)
-    p.set_defaults(func=_group_create)
+    for command, text, func in (("create", "create a consumer group (refused if it exists)", _group_create),
+                                ("update", "change an existing group's retry policy", _group_update)):
+        p = sub.add_parser(command, help=text)
+        p.add_argument("name")
+        p.add_argument("--max-attempts", type=int, default=None, help="deliveries before the dead-letter queue (default 17)")
+        p.add_argument("--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries")
+        p.add_argument("--fifo", action=argparse.BooleanOptionalAction, default=None,
+                       help="deliver each message group in order (RocketMQ's consumeMessageOrderly); --no-fifo undoes it")
+        _target(p)
+        p.set_defaults(func=func)
     p = sub.add_parser("list", help="groups with, per queue, the consumed offset and the backlog")
     _target(p)
     p.set_defaults(func=_group_list)
@@ -75,7 +77,7 @@ def _call(args: argparse.Namespace, method: str, **arguments):
             raise SystemExit(f"tidemq: cannot reach a broker at {address} ({exc.code().name}: {exc.details()}); "
                              "give --server HOST:PORT, or --store DIR for a stopped broker") from None
     functions = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
-                 "CreateGroup": admin.create_group, "ListGroups": admin.list_groups}
+                 "CreateGroup": admin.create_group, "UpdateGroup": admin.update_group, "ListGroups": admin.list_groups}
     with _offline_broker(args.store) as broker:
         return functions[method](broker, **arguments)
 
@@ -125,11 +127,18 @@ def _topic_list(args) -> int:
     return _print(args, topics, lines)
 
 
-def _group_create(args) -> int:
-    backoff = [int(x) for x in args.retry_backoff_ms.split(",")] if args.retry_backoff_ms else None
-    g = _call(args, "CreateGroup", name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff, fifo=args.fifo)
+def _group_create(args, method: str = "CreateGroup") -> int:
+    try:
+        backoff = [int(x) for x in args.retry_backoff_ms.split(",")] if args.retry_backoff_ms else None
+    except ValueError:
+        raise SystemExit(f"tidemq: --retry-backoff-ms {args.retry_backoff_ms!r} is not a comma-separated list of ms") from None
+    g = _call(args, method, name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff, fifo=args.fifo)
     order = ", FIFO" if g.get("fifo") else ""
     return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms{order}"])
+
+
+def _group_update(args) -> int:
+    return _group_create(args, "UpdateGroup")
 
 
 def _group_list(args) -> int:

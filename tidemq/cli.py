@@ -91,7 +91,10 @@ def _store_query(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker and store")
+    parser.add_argument("--version", action="version", version=f"tidemq {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -124,7 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     from .pipeline.cli import add_commands as add_pipeline_commands
 
     add_pipeline_commands(commands)
+    _verbose_after_subcommands(parser)
     return parser
+
+
+def _verbose_after_subcommands(parser: argparse.ArgumentParser) -> None:
+    """Let every (sub)command take -v too, as well as before it: argparse gives each subparser
+    its own flags.  SUPPRESS: a subcommand without -v leaves the top-level value alone."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if "-v" not in sub._option_string_actions:
+                    sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                     help="log at debug level")
+                _verbose_after_subcommands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, BrokerError):
             print(f"tidemq: {exc.code.name}: {exc.message}", file=sys.stderr)
             return 2
-        if isinstance(exc, (StoreError, FileNotFoundError, ValueError)):
+        if isinstance(exc, (StoreError, OSError, ValueError)):  # OSError: a port in use, a missing file
             print(f"tidemq: {exc}", file=sys.stderr)
             return 2
         raise

@@ -94,7 +94,11 @@ def _convert(option: str, value):
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file; keys as RocketMQ names them (see `tidemq serve --help`)")
+    defaults = ServeOptions()
     for flag, key, option, text in OPTIONS:
+        default = getattr(defaults, option)
+        shown = "false" if default is False else "true" if default is True else repr(default) if default == "" else default
+        text = text if "default" in text else f"{text} (default {shown})"
         parser.add_argument(flag, dest=option, default=None, help=f"{text} [config key {key}]")
 
 

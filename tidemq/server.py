@@ -102,7 +102,11 @@ async def serve(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    port = await server.start()
+    try:
+        port = await server.start()
+    except BaseException:  # a bad config file, a port in use: close what was opened (no abort marker)
+        await server.stop()
+        raise
     host = options.listen.rpartition(":")[0]
     log.info("tidemq ready: gRPC on %s:%d, store %s, %s flush, %s event loop", host, port, options.store, options.flush,
              type(loop).__module__.partition(".")[0])

@@ -457,5 +457,5 @@ def test_a_lowered_max_attempts_applies_to_deliveries_already_in_flight(harness)
     harness.receive("G", "T", invisible_ms=10_000)
     harness.clock.advance(10_000)
     assert harness.broker.revive(harness.clock()) == 0  # 4 attempts left: a receive redelivers it
-    admin.create_group(harness.broker, "G", max_attempts=1)
+    admin.update_group(harness.broker, "G", max_attempts=1)
     assert harness.broker.revive(harness.clock()) == 1

@@ -126,3 +126,4 @@ def test_a_poison_message_is_dead_lettered_after_its_consumers_left(server):
     text = tidemq("group", "list", "--server", server.address).stdout
     assert f"{group}  max attempts 1  dead letters 1" in text
     assert f"{topic}  backlog 0" in text
+

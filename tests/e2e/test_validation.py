@@ -3,6 +3,8 @@ since the SDK refuses most of these before sending)."""
 
 from __future__ import annotations
 
+import gzip
+
 import grpc
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -12,6 +14,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from .server import ServerProcess
 
 META = (("x-mq-client-id", "validation-test@1@0@abc"),)
+FLUSH_MODES = ("async",)  # the checks come before the store: the flush policy does not matter
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +31,10 @@ def stub(server):
     channel = grpc.insecure_channel(server.address)
     yield service_pb2_grpc.MessagingServiceStub(channel)
     channel.close()
+
+
+GZIPPED = gzip.compress(b"a real gzip body")
+GZIP_BOMB = gzip.compress(b"\0" * (4 * 1024 * 1024 + 1))  # inflates past the maximum message size
 
 
 def send_request(topic="Valid", body=b"x", message_id="0102FC000000011EE60B141BD000000000", tag=None, keys=(),
@@ -82,7 +89,13 @@ def receive_statuses(stub, group="VG", topic="NothingHere", invisible_ms=15_000,
     (dict(properties={f"p{i}": "v" for i in range(129)}), pb.MESSAGE_PROPERTIES_TOO_LARGE),
     (dict(properties={"big": "v" * (16 * 1024 + 1)}), pb.MESSAGE_PROPERTIES_TOO_LARGE),
     (dict(properties={"TAGS": "v"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
-    (dict(properties={"UNIQ_CLIENT_MESSAGE_ID_KEYIDX": "v"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (dict(properties={"UNIQ_KEY": "shadow-id"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (dict(properties={"__CRC32#": "0000000000"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (dict(properties={"DLQ_ORIGIN_TOPIC": "t"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
+    (dict(body=b"not gzip at all", body_encoding=pb.GZIP), pb.MESSAGE_CORRUPTED),
+    (dict(body=GZIPPED[:-4], body_encoding=pb.GZIP), pb.MESSAGE_CORRUPTED),
+    (dict(body=GZIPPED + b"trailing", body_encoding=pb.GZIP), pb.MESSAGE_CORRUPTED),
+    (dict(body=GZIP_BOMB, body_encoding=pb.GZIP), pb.MESSAGE_BODY_TOO_LARGE),
     (dict(properties={"ok": "bad\x01value"}), pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
     (dict(tag=" "), pb.ILLEGAL_MESSAGE_TAG),
     (dict(tag="a|b"), pb.ILLEGAL_MESSAGE_TAG),
@@ -305,4 +318,13 @@ def test_a_request_that_is_not_the_methods_message_fails_the_call_and_the_server
         with pytest.raises(grpc.RpcError) as raised:
             heartbeat(b"\xff\xff\xff", metadata=META, timeout=5)  # not a protobuf message
         assert raised.value.code() == grpc.StatusCode.INTERNAL
+    assert stub.Heartbeat(svc.HeartbeatRequest(), metadata=META, timeout=5).status.code == pb.OK
+
+
+def test_an_undecodable_telemetry_command_is_answered_bad_request(server, stub):
+    with grpc.insecure_channel(server.address) as channel:
+        telemetry = channel.stream_stream("/apache.rocketmq.v2.MessagingService/Telemetry",
+                                          response_deserializer=svc.TelemetryCommand.FromString)
+        replies = list(telemetry(iter([b"\xff\xff\xff"]), metadata=META, timeout=10))  # not a protobuf message
+    assert [r.status.code for r in replies] == [pb.BAD_REQUEST]
     assert stub.Heartbeat(svc.HeartbeatRequest(), metadata=META, timeout=5).status.code == pb.OK

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from . import admin_fields as fields
 from . import validation
 from .broker import Broker
 from .codes import BrokerError, Code
@@ -18,10 +19,12 @@ def create_topic(broker: Broker, name: str, queue_nums: int | None = None, messa
                  priorities: int | None = None) -> dict:
     """Create a topic, or change one (queues can be added, not removed).  A PRIORITY topic has
     one queue per priority level: `priorities` levels (default 10), or `queue_nums` of them."""
-    validation.check_topic_name(name, broker.config)
-    message_type = message_type.upper()
-    if message_type not in TOPIC_TYPES:
-        raise BrokerError(Code.BAD_REQUEST, f"topic type {message_type!r} is not one of {', '.join(TOPIC_TYPES)}")
+    validation.check_topic_name(fields.text("topic name", name), broker.config)
+    message_type = fields.message_type(message_type)
+    if queue_nums is not None:
+        queue_nums = fields.queue_nums(queue_nums)
+    if priorities is not None:
+        priorities = fields.queue_nums(priorities)
     queue_nums = _queue_count(queue_nums, message_type, priorities)
     if not 1 <= queue_nums <= 1024:
         raise BrokerError(Code.BAD_REQUEST, f"queue count {queue_nums} outside [1, 1024]")
@@ -63,16 +66,29 @@ def list_topics(broker: Broker) -> list[dict]:
 
 def create_group(broker: Broker, name: str, max_attempts: int | None = None,
                  retry_backoff_ms: list[int] | None = None, fifo: bool | None = None) -> dict:
-    validation.check_group_name(name, broker.config)
-    group = broker.metadata.groups.get(name) or GroupConfig(name)
+    """A new group; refused if it exists (`update_group` changes one)."""
+    validation.check_group_name(fields.text("group name", name), broker.config)
+    if name in broker.metadata.groups:
+        raise BrokerError(Code.BAD_REQUEST, f"consumer group {name!r} exists; update it instead (tidemq group update)")
+    return _put_group(broker, GroupConfig(name), max_attempts, retry_backoff_ms, fifo)
+
+
+def update_group(broker: Broker, name: str, max_attempts: int | None = None,
+                 retry_backoff_ms: list[int] | None = None, fifo: bool | None = None) -> dict:
+    """Change an existing group's retry policy (the fields given)."""
+    validation.check_group_name(fields.text("group name", name), broker.config)
+    group = broker.metadata.groups.get(name)
+    if group is None:
+        raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist")
+    return _put_group(broker, GroupConfig(name, group.retry_max_times, list(group.retry_backoff_ms), group.fifo),
+                      max_attempts, retry_backoff_ms, fifo)
+
+
+def _put_group(broker: Broker, group: GroupConfig, max_attempts, retry_backoff_ms, fifo) -> dict:
     if max_attempts is not None:
-        if not 1 <= max_attempts <= 1000:
-            raise BrokerError(Code.BAD_REQUEST, f"max attempts {max_attempts} outside [1, 1000]")
-        group.retry_max_times = max_attempts - 1
+        group.retry_max_times = fields.max_attempts(max_attempts) - 1
     if retry_backoff_ms is not None:
-        if not retry_backoff_ms or any(not 0 <= ms <= broker.config.max_invisible_time_ms for ms in retry_backoff_ms):
-            raise BrokerError(Code.BAD_REQUEST, "retry backoff must be a non-empty list of durations within 12 h")
-        group.retry_backoff_ms = list(retry_backoff_ms)
+        group.retry_backoff_ms = fields.retry_backoff_ms(retry_backoff_ms, broker.config.max_invisible_time_ms)
     if fifo is not None:
         group.fifo = bool(fifo)
     broker.metadata.put_group(group)

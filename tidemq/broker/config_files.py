@@ -72,9 +72,15 @@ def read_json(path: Path) -> dict | None:
     if not text.strip():
         return {}
     try:
-        return json.loads(text)
+        document = json.loads(text)
     except ValueError:
-        return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+        try:
+            document = json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+        except ValueError as exc:
+            raise ValueError(f"config file {path} is not valid JSON: {exc}; fix or remove it") from None
+    if type(document) is not dict:
+        raise ValueError(f"config file {path} must hold a JSON object, not {type(document).__name__}; fix or remove it")
+    return document
 
 
 def write_json(path: Path, document: dict) -> None:

@@ -5,17 +5,20 @@ Written atomically (temp file + rename)."""
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .admin_fields import TOPIC_TYPES, group_entry_problem, topic_entry_problem
 from .config import DEFAULT_RETRY_BACKOFF_MS
 from .config_files import (
     GROUP_TABLE, GROUPS_FILE, LEGACY_GROUPS_FILE, TOPIC_TABLE, TOPICS_FILE, ConfigFile,
     group_from_entry, group_to_entry, topic_from_entry, topic_to_entry,
 )
 
-TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "PRIORITY", "LITE")
+__all__ = ["TOPIC_TYPES", "GroupConfig", "Metadata", "TopicConfig", "dead_letter_topic"]
+log = logging.getLogger(__name__)
 DLQ_PREFIX = "%DLQ%"
 RETRY_PREFIX = "%RETRY%"
 DEFAULT_RETRY_MAX_TIMES = 16  # retryMaxTimes: 16 retries, 17 deliveries
@@ -61,12 +64,10 @@ class Metadata:
         self._topic_file = ConfigFile(directory / TOPICS_FILE, TOPIC_TABLE)
         self._group_file = ConfigFile(directory / GROUPS_FILE, GROUP_TABLE, directory / LEGACY_GROUPS_FILE)
         self.topics: dict[str, TopicConfig] = {
-            name: topic_from_entry(TopicConfig, name, entry, self._topic_file.legacy)
-            for name, entry in self._topic_file.table.items()
+            name: topic for name, topic in _usable(self._topic_file, topic_from_entry, TopicConfig, topic_entry_problem)
         }
         self.groups: dict[str, GroupConfig] = {
-            name: group_from_entry(GroupConfig, name, entry, self._group_file.legacy)
-            for name, entry in self._group_file.table.items()
+            name: group for name, group in _usable(self._group_file, group_from_entry, GroupConfig, group_entry_problem)
         }
         if self._topic_file.legacy:  # rewritten in RocketMQ's schema from now on
             self._topic_file.table.update({name: topic_to_entry(t, None) for name, t in self.topics.items()})
@@ -88,3 +89,19 @@ class Metadata:
             table[group.name] = group_to_entry(group, table.get(group.name))
             self._group_file.save()
         return group
+
+
+
+def _usable(config_file, from_entry, cls, problem):
+    """The (name, config) pairs of a config file's usable entries; an entry that does not convert
+    or that `problem` refuses is left out and logged, so one bad entry never breaks the others."""
+    for name, entry in config_file.table.items():
+        try:
+            config = from_entry(cls, name, entry, config_file.legacy)
+            why = problem(name, asdict(config))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            why = f"unreadable ({exc})"
+        if why is None:
+            yield name, config
+        else:
+            log.error("config file %s: entry %r left out: %s", config_file.path, name, why)

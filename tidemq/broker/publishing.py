@@ -63,6 +63,8 @@ class Publisher:
         if msg.properties or msg.keys or (msg.tag and len(msg.tag) * 4 > cfg.max_user_property_bytes):
             validation.check_properties(msg.properties, msg.tag, msg.keys, cfg)
         validation.check_body(msg.body, cfg)
+        if msg.compressed:
+            validation.check_gzip_body(msg.body, cfg)
         if not msg.message_id or not msg.message_id.strip():
             raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id is blank")
         if msg.delivery_timestamp is not None and msg.delivery_timestamp - self.clock() > 24 * 3600 * 1000:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 
 from .codes import BrokerError, Code
 from .config import BrokerConfig
@@ -23,12 +24,15 @@ SYSTEM_GROUPS = frozenset({
     "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_ONSAPI_PULL", "CID_RMQ_SYS_PREFIX",
 })
 
-# Property names the system owns: a user property may not use them (RocketMQ MessageConst).
+# Property names the system owns: a user property may not use them (the values of RocketMQ
+# MessageConst's STRING_HASH_SET, and tidemq's own).
 RESERVED_PROPERTIES = frozenset({
     "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP",
     "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
     "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "UNIQ_KEY",
     "UNIQ_CLIENT_MESSAGE_ID_KEYIDX",  # read as UNIQ_KEY in stores written under that name
+    "__CRC32#", "DLQ_ORIGIN_TOPIC",
+    "DLQ_ORIGIN_MESSAGE_ID", "TIMER_DELAY_LEVEL",
     "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME",
     "TRAN_PREPARED_QUEUE_OFFSET", "DUP_INFO", "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID",
     "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE",
@@ -139,6 +143,23 @@ def check_body(body: bytes, config: BrokerConfig) -> None:
         raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
     if len(body) > config.max_message_size:
         raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE, f"message body is {len(body)} bytes, at most {config.max_message_size}")
+
+
+def check_gzip_body(body: bytes, config: BrokerConfig) -> None:
+    """A body the client flagged gzip-encoded must be one gzip stream whose data (checked with its
+    CRC) fits the maximum message size once inflated: it is stored compressed, and consumers
+    inflate it."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        inflated = len(inflater.decompress(body, config.max_message_size + 1))
+        if inflater.unconsumed_tail or inflated > config.max_message_size:
+            raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE, f"the gzip-encoded body inflates to more than "
+                              f"{config.max_message_size} bytes")
+        inflater.flush()
+    except zlib.error as exc:
+        raise BrokerError(Code.MESSAGE_CORRUPTED, f"the body is flagged gzip-encoded but is not gzip: {exc}") from None
+    if not inflater.eof or inflater.unused_data:
+        raise BrokerError(Code.MESSAGE_CORRUPTED, "the body is flagged gzip-encoded but is not one whole gzip stream")
 
 
 def check_invisible_time(invisible_ms: int, config: BrokerConfig) -> None:

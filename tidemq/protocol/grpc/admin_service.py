@@ -44,6 +44,7 @@ def admin_methods(broker: Broker) -> dict[str, Method]:
         "CreateTopic": admin.create_topic,
         "ListTopics": admin.list_topics,
         "CreateGroup": admin.create_group,
+        "UpdateGroup": admin.update_group,
         "ListGroups": admin.list_groups,
         "Stats": admin.stats,
         **lookups.METHODS,

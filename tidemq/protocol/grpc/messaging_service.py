@@ -26,6 +26,16 @@ CLIENT_ID_HEADER = "x-mq-client-id"
 NAMESPACE_HEADER = "x-mq-namespace"
 POLL_MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
 _RECEIVE_OK = svc.ReceiveMessageResponse(status=convert.OK)  # first response of a receive that found messages
+_UNDECODABLE = object()  # a Telemetry message that is not a TelemetryCommand
+
+
+def _telemetry_command(data: bytes):
+    """The TelemetryCommand in `data`, or _UNDECODABLE (answered with BAD_REQUEST, not a broken
+    stream)."""
+    try:
+        return svc.TelemetryCommand.FromString(data)
+    except Exception:  # protobuf's DecodeError, or what a hostile byte string raises
+        return _UNDECODABLE
 
 
 def _client_id(rpc: Rpc) -> str:
@@ -110,8 +120,7 @@ class MessagingService:
                               "NotifyClientTermination", "EndTransaction", "RecallMessage", "SyncLiteSubscription")}
         table["ReceiveMessage"] = method("ReceiveMessage", SERVER_STREAM, svc.ReceiveMessageRequest,
                                          svc.ReceiveMessageResponse)
-        table["Telemetry"] = Method(BIDI_STREAM, self.Telemetry, svc.TelemetryCommand.FromString,
-                                    svc.TelemetryCommand.SerializeToString)
+        table["Telemetry"] = Method(BIDI_STREAM, self.Telemetry, _telemetry_command, svc.TelemetryCommand.SerializeToString)
         return {f"/{SERVICE}/{name}": m for name, m in table.items()}
 
     def _advertised(self, requested: pb.Endpoints) -> pb.Endpoints:
@@ -290,6 +299,10 @@ class MessagingService:
                         return
                 command = read.result()
                 if command is None:
+                    return
+                if command is _UNDECODABLE:  # answered, then the stream ends: what follows is suspect
+                    await rpc.write(svc.TelemetryCommand(
+                        status=convert.status(Code.BAD_REQUEST, "the telemetry command cannot be decoded")))
                     return
                 if command.HasField("settings"):
                     await rpc.write(self._settings_reply(client_id, command.settings))
