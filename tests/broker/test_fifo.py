@@ -139,7 +139,7 @@ def test_a_group_turned_non_fifo_gets_its_held_messages(harness):
     for i in range(3):
         send(harness, "A", f"a{i}")
     harness.receive("G", "F")
-    admin.create_group(harness.broker, "G", fifo=False)
+    admin.update_group(harness.broker, "G", fifo=False)
     assert bodies(harness.receive("G", "F")) == ["a1", "a2"]
 
 

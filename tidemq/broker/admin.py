@@ -128,4 +128,5 @@ def stats(broker: Broker) -> dict:
     """Counters since start, and what is in flight now."""
     in_flight = sum(sub.in_flight_count() for sub in broker.subscriptions.values())
     return {**broker.stats, "in_flight": in_flight, "clients": len(broker.sessions.clients),
-            "open_transactions": len(broker.transactions.pending)}
+            "open_transactions": len(broker.transactions.pending),
+            "damaged_records_skipped": len(broker.store.damaged_records)}

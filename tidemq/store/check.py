@@ -61,8 +61,10 @@ def segment_paths(store_dir: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
 
 
-def iter_segment(path: Path, check_crc: bool = True) -> Iterator[record.DecodeResult]:
-    """Every decode result of one segment, ending with its EndOfSegment, EndOfData or Invalid."""
+def iter_segment(path: Path, check_crc: bool = True, past_damaged: bool = False) -> Iterator[record.DecodeResult]:
+    """Every decode result of one segment, ending with its EndOfSegment, EndOfData or Invalid;
+    `past_damaged`: an Invalid whose size field holds (the record after it decodes) is yielded
+    and the walk goes on after it."""
     start = int(path.name)
     mm = _map(path)
     if mm is None:
@@ -73,6 +75,11 @@ def iter_segment(path: Path, check_crc: bool = True) -> Iterator[record.DecodeRe
         while True:
             result = record.decode(mm, pos, base_offset=start, check_crc=check_crc, read_body=False)
             yield result
+            if type(result) is record.Invalid and past_damaged and result.size >= 91 and pos + result.size < len(mm):
+                after = record.decode(mm, pos + result.size, base_offset=start, check_crc=False, read_body=False)
+                if type(after) in (record.Record, record.EndOfSegment):
+                    pos += result.size
+                    continue
             if type(result) is not record.Record:
                 return
             pos += result.total_size
@@ -147,21 +154,28 @@ def expected_unit(rec: record.Record, topic: str, queue_id: int) -> tuple[int, i
 
 
 def check(store_dir: Path) -> CheckReport:
-    """Every record's layout and body CRC; every ConsumeQueue unit against its record."""
+    """Every record's layout and CRCs (body, and whole record where it carries one); every
+    ConsumeQueue unit against its record.  A damaged record whose size field holds is reported
+    once and the walk goes on after it."""
     report = CheckReport()
     paths = segment_paths(store_dir)
     ended = False
     for path in paths:
-        for result in iter_segment(path):
+        result = None
+        stranded: list[int] = []  # records after the end of the log: one problem for them all
+        for result in iter_segment(path, past_damaged=True):
             if type(result) is record.Record:
                 if ended:
-                    report.problems.append(f"record at {result.commit_log_offset} follows the end of the log")
+                    stranded.append(result.commit_log_offset)
                 report.records += 1
-            elif type(result) is record.Invalid:
+            elif type(result) is record.Invalid:  # reported once; the walk goes on past it if it can
                 report.problems.append(f"invalid record at commit-log offset {result.offset}: {result.reason}")
-                ended = True
             elif type(result) is record.EndOfData:
                 ended = True
+        if type(result) is record.Invalid:  # the walk could not go past it: the log ends there
+            ended = True
+        if stranded:
+            report.problems.append(f"{len(stranded)} record(s) from offset {stranded[0]} follow the end of the log")
     maps = {int(p.name): _map(p) for p in paths}
     segment_size = (paths[0].stat().st_size if paths else 0) or 1
     try:

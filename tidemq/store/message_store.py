@@ -38,6 +38,7 @@ from .message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
 from .parallel_dispatch import ParallelDispatcher
 from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLockedError
 from .flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
+from .quarantine import DAMAGED_PROPERTY, keep_damaged, placeholder
 from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ class MessageStore:
         self.key_index = (
             KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
         )
+        self.damaged_records: set[int] = set()  # offsets of damaged records reads skipped
         self.recovery = self._recover(abnormal)
         self._put_state = self._common_put_state()
         self.dispatcher.limit_source = lambda: self.confirmed_offset
@@ -210,12 +212,40 @@ class MessageStore:
         self._dispatch_thread.start()
         self._maintenance = PeriodicService("tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance)
 
+    def _set_aside(self, bad: record.Invalid, report: RecoveryReport) -> bool:
+        """Repair: replace the damaged record `bad` by a placeholder of its size, if its size field
+        holds (the record after it decodes); keep its bytes under repair/.  False if it cannot."""
+        segment = self.commit_log.segment_for(bad.offset)
+        pos = bad.offset - segment.start if segment is not None else -1
+        if pos < 0 or bad.size < 91 or pos + bad.size >= segment.size:
+            return False
+        after = record.decode(segment.mm, pos + bad.size, base_offset=segment.start, check_crc=False, read_body=False)
+        if type(after) not in (record.Record, record.EndOfSegment):
+            return False
+        damaged = bytes(segment.mm[pos : pos + bad.size])
+        stand_in = placeholder(damaged, bad.offset)
+        if stand_in is None:
+            return False
+        kept = keep_damaged(self.directory, bad.offset, damaged)
+        segment.mm[pos : pos + bad.size] = stand_in
+        segment.mm.flush()
+        msg = (f"damaged record at commit-log offset {bad.offset} ({bad.reason}): replaced by a placeholder of its "
+               f"{bad.size} bytes that readers skip; the records after it are kept (damaged bytes in {kept})")
+        log.warning("repair: %s", msg)
+        report.messages.append(msg)
+        return True
+
     def _recover(self, abnormal: bool) -> RecoveryReport:
         commit_log, queues = self.commit_log, self.consume_queues
         covered = queues.covered_offset()
         start = choose_scan_start(commit_log, covered, self.checkpoint, abnormal)
+        if self.config.repair and commit_log.segments:
+            start = commit_log.segments[0].start  # a repair validates the whole log
         scan = scan_log(commit_log, start)
         report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
+        while self.config.repair and scan.corrupt_in_middle and self._set_aside(scan.invalid, report):
+            scan = scan_log(commit_log, start)
+            report.end = scan.end
         if scan.invalid is not None:
             bad = scan.invalid
             if scan.corrupt_in_middle and not self.config.repair:
@@ -517,9 +547,18 @@ class MessageStore:
         return rec
 
     def read_record(self, commit_log_offset: int, with_body: bool = True) -> record.Record | None:
-        """The record at a commit-log offset (body copied), or None if it is gone or invalid."""
-        result = self.commit_log.read_record(commit_log_offset, check_crc=False, read_body=with_body)
+        """The record at a commit-log offset (body copied), or None if it is gone or invalid.  With
+        its body, its CRCs are verified: a damaged record is never handed out as intact (logged
+        once, counted in `damaged_records`), nor a repair's placeholder for one."""
+        result = self.commit_log.read_record(commit_log_offset, check_crc=with_body, read_body=with_body)
         if type(result) is not record.Record:
+            if type(result) is record.Invalid and result.offset not in self.damaged_records:
+                if len(self.damaged_records) < 100_000:
+                    self.damaged_records.add(result.offset)
+                log.error("damaged record at commit-log offset %d (%s): skipped; 'tidemq store repair' sets it "
+                          "aside", result.offset, result.reason)
+            return None
+        if DAMAGED_PROPERTY in result.properties:
             return None
         if with_body:
             result.body = bytes(result.body)

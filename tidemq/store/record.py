@@ -307,6 +307,25 @@ DecodeResult = Record | EndOfSegment | EndOfData | Invalid
 
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
+
+# RocketMQ's whole-record CRC property (its store's enabledAppendPropCRC): the last 20 bytes of a
+# record that carries it are "__CRC32#", \x01, ten decimal digits (least significant first) and
+# \x02, the last property; the digits are crc32(every byte of the record before them) & 0x7FFFFFFF.
+CRC32_PROPERTY = "__CRC32#"
+CRC32_PROPERTY_SIZE = len(CRC32_PROPERTY) + 1 + 10 + 1
+CRC32_PROPERTY_MARK = CRC32_PROPERTY.encode() + b"\x01"
+
+
+def whole_crc_mismatch(buf, pos: int, end: int) -> bool:
+    """Whether the record at [pos, end) carries the whole-record CRC property and fails it."""
+    tail = end - CRC32_PROPERTY_SIZE
+    if buf[tail : tail + len(CRC32_PROPERTY_MARK)] != CRC32_PROPERTY_MARK or buf[end - 1] != 2:
+        return False  # carries none: nothing to check
+    digits = bytes(buf[end - 11 : end - 1])
+    if not digits.isdigit():
+        return True
+    with memoryview(buf)[pos:tail] as covered:
+        return (crc32(covered) & 0x7FFFFFFF) != int(digits[::-1])
 _SIZE_MAGIC = struct.Struct(">ii")
 
 
@@ -397,6 +416,8 @@ def decode(
     body = memoryview(buf)[body_start : body_start + body_len] if read_body or check_crc else None
     if check_crc and (crc32(body) & 0x7FFFFFFF) != body_crc:
         return Invalid(offset, total_size, "body CRC mismatch")
+    if check_crc and prop_len >= CRC32_PROPERTY_SIZE and whole_crc_mismatch(buf, pos, end):
+        return Invalid(offset, total_size, f"whole-record CRC ({CRC32_PROPERTY}) mismatch")
     try:
         topic = decode_topic(topic_bytes)
     except UnicodeDecodeError:

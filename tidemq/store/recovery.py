@@ -108,6 +108,27 @@ def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogSc
 
 
 def _crc_prefix(buf, columns: RecordColumns) -> int:
+    """How many of the scanned records, from the first, have bodies matching their BODYCRC
+    and, those that carry one, whole records matching their CRC property (`__CRC32#`)."""
+    good = _body_crc_prefix(buf, columns)
+    if not good:
+        return good
+    positions, sizes = columns.positions[:good], columns.sizes[:good]
+    tails = positions + sizes - record.CRC32_PROPERTY_SIZE
+    mark = np.frombuffer(record.CRC32_PROPERTY_MARK[:8], dtype=">i8")[0]
+    i8 = field_view(buf, ">i8", 0, len(buf))
+    try:
+        marked = np.nonzero(field_at(i8, tails, 0) == mark)[0]
+    finally:
+        del i8
+    for i in marked.tolist():
+        at = int(positions[i])
+        if record.whole_crc_mismatch(buf, at, at + int(sizes[i])):
+            return i
+    return good
+
+
+def _body_crc_prefix(buf, columns: RecordColumns) -> int:
     """How many of the scanned records, from the first, have bodies matching their BODYCRC."""
     positions = columns.positions
     body_at = positions + header_sizes(columns.sysflags)
