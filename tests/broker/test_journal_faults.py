@@ -14,8 +14,6 @@ import pytest
 
 from tidemq.broker import BrokerError, Code
 
-from .conftest import Harness
-
 
 class FullDisk:
     """write(2) on a full disk: the first call takes `room` bytes, later ones fail with ENOSPC."""
@@ -32,11 +30,8 @@ class FullDisk:
 
 
 @pytest.fixture
-def h(tmp_path):
-    h = Harness(tmp_path / "store")
-    yield h
-    h.close()
-    h.loop.close()
+def h(harness):
+    return harness
 
 
 def journal_bytes(h) -> bytes:

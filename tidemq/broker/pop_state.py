@@ -163,12 +163,20 @@ class Subscription:
         out = []
         last = self._last
         while last and last[0][0] <= now:
-            until, qid, offset, generation = heapq.heappop(last)
-            q = self.queues.get(qid)
-            d = q.in_flight.get(offset) if q is not None else None
-            if d is not None and d.generation == generation and d.invisible_until == until:
+            d = self._current(heapq.heappop(last))
+            if d is not None:
                 out.append(d)
         return out
+
+    def _current(self, entry: tuple[int, int, int, int]) -> Delivery | None:
+        """The delivery a heap entry (invisible_until, qid, offset, generation) stands for, if the
+        entry is not stale."""
+        until, qid, offset, generation = entry
+        q = self.queues.get(qid)
+        d = q.in_flight.get(offset) if q is not None else None
+        if d is not None and d.generation == generation and d.invisible_until == until:
+            return d
+        return None
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -188,10 +196,8 @@ class Subscription:
         """The next delivery whose deadline has passed, removed from the due heap."""
         due = self._due
         while due and due[0][0] <= now:
-            until, qid, offset, generation = heapq.heappop(due)
-            q = self.queues.get(qid)
-            d = q.in_flight.get(offset) if q is not None else None
-            if d is not None and d.generation == generation and d.invisible_until == until:
+            d = self._current(heapq.heappop(due))
+            if d is not None:
                 return d
         return None
 
@@ -199,11 +205,8 @@ class Subscription:
         """Earliest deadline among in-flight deliveries (may be a stale entry: only a hint)."""
         due = self._due
         while due:
-            until, qid, offset, generation = due[0]
-            q = self.queues.get(qid)
-            d = q.in_flight.get(offset) if q is not None else None
-            if d is not None and d.generation == generation and d.invisible_until == until:
-                return until
+            if self._current(due[0]) is not None:
+                return due[0][0]
             heapq.heappop(due)
         return None
 
