@@ -401,8 +401,8 @@ class Broker:
         self.stats["redelivered"] += d.attempt > 0  # attempt 0: a released FIFO entry
 
     def _journal_done(self, sub: Subscription, d: Delivery) -> None:
-        """Journal that an entry is done for want of a record or a match; if the disk refuses, it
-        is done in memory only, and after a restart it is found gone or unmatched again."""
+        """Journal that an entry is done (no record, no match, dead-lettered); if the disk refuses,
+        it is done in memory only, and after a restart it comes back and is handled again."""
         try:
             self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
         except JournalWriteError as exc:
@@ -623,7 +623,7 @@ class Broker:
                          d.queue_offset, dlq.name, d.attempt)
                 self.stats["dead_lettered"] += 1
             if sub.finish(d.queue_id, d.queue_offset) is not None:
-                self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
+                self._journal_done(sub, d)
 
     # -- auto-renew -----------------------------------------------------------------------------
 

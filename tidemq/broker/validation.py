@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import zlib
 
+from ..store import record
+from ..store.quarantine import DAMAGED_PROPERTY
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 
@@ -31,7 +33,7 @@ RESERVED_PROPERTIES = frozenset({
     "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
     "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "UNIQ_KEY",
     "UNIQ_CLIENT_MESSAGE_ID_KEYIDX",  # read as UNIQ_KEY in stores written under that name
-    "__CRC32#", "DLQ_ORIGIN_TOPIC",
+    DAMAGED_PROPERTY, "__CRC32#", "DLQ_ORIGIN_TOPIC",
     "DLQ_ORIGIN_MESSAGE_ID", "TIMER_DELAY_LEVEL",
     "MAX_RECONSUME_TIMES", "CONSUME_START_TIME", "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME",
     "TRAN_PREPARED_QUEUE_OFFSET", "DUP_INFO", "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID",

@@ -6,9 +6,10 @@ it as it skips a record gone to retention).
 
 `tidemq store repair` replaces such a record, when its size field still holds (the record after
 it decodes), by a **placeholder** of the same size: the damaged record's queue identity (topic,
-queue id, queue offset, store time), a property `DAMAGED` and padding to fill the size.  The log stays one valid chain, the queue keeps its slot, no valid record after
-it is dropped, and the damaged bytes are kept under `{store}/repair/{offset}.damaged`.  Reads
-skip placeholders."""
+queue id, queue offset, store time) and tags, a property `TIDEMQ_DAMAGED`, and padding to fill
+the size.  The log stays one valid chain, the queue keeps its slot, no valid record after it is
+dropped, and the damaged bytes are kept under `{store}/repair/{offset}.damaged`.  Reads skip
+placeholders."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from . import record
 
-DAMAGED_PROPERTY = "DAMAGED"
+DAMAGED_PROPERTY = "TIDEMQ_DAMAGED"  # reserved: a user property may not take this name
 _MAX_PROPERTIES = 32767  # PROPLENGTH is a signed 16-bit field
 
 
