@@ -93,7 +93,7 @@ def test_consume_queue_entries_past_the_log_end_are_dropped(tmp_path):
     assert check(tmp_path).sound
 
 
-def test_flipped_bit_in_the_middle_refuses_to_open_until_repaired(tmp_path, capsys):
+def test_flipped_bit_in_the_middle_refuses_to_open_until_repaired_which_keeps_the_records_after_it(tmp_path, capsys):
     results = fill(tmp_path)
     victim = results[10]
     path, pos = segment_file(tmp_path, victim.commit_log_offset)
@@ -107,11 +107,13 @@ def test_flipped_bit_in_the_middle_refuses_to_open_until_repaired(tmp_path, caps
     assert err.value.offset == victim.commit_log_offset
     assert "tidemq store repair" in str(err.value)
     assert cli_main(["store", "repair", str(tmp_path)]) == 0
-    assert "corrupt record" in capsys.readouterr().out
+    assert f"damaged record at commit-log offset {victim.commit_log_offset}" in capsys.readouterr().out
     saved = list((tmp_path / "repair").iterdir())
-    assert saved and saved[0].read_bytes()[:4] == victim.size.to_bytes(4, "big")  # the cut bytes are kept
+    assert saved and saved[0].read_bytes()[:4] == victim.size.to_bytes(4, "big")  # the damaged bytes are kept
     with MessageStore(tmp_path, StoreConfig(**CFG)) as store:
-        assert sum(store.max_offset("t", q) for q in range(3)) == 10
+        assert sum(store.max_offset("t", q) for q in range(3)) == 60  # nothing after it was dropped
+        got = [body for queue in bodies(store).values() for body in queue]
+        assert len(got) == 59 and b"body-0010" * 20 not in got  # the damaged one is never read
         assert store.put(Message(topic="t", body=b"x", queue_id=victim.queue_offset % 3)).size > 0
     assert cli_main(["store", "check", str(tmp_path)]) == 0
 
