@@ -22,6 +22,8 @@ from tidemq.server import tls_listener
 from .server import ServerProcess, closed_by_server, speaks_http2, tidemq
 from .test_serve_options import parse
 
+FLUSH_MODES = ("async",)  # TLS does not depend on the flush policy
+
 # The Python SDK verifies the server against grpc's default roots, which grpc reads once per
 # process from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH: it runs in a child process that trusts the file.
 PYTHON_SDK_ROUND_TRIP = """
