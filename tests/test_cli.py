@@ -49,5 +49,5 @@ def test_a_port_in_use_is_one_line_and_leaves_no_abort_marker(tmp_path):
                               f"127.0.0.1:{port}", "--segment-size", str(1 << 20)],
                              capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1].startswith("tidemq: ") and "address already in use" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("tidemq: ") and "address already in use" in out.stderr.lower()
     assert (store / "commitlog").is_dir() and not (store / "abort").exists()  # closed cleanly
