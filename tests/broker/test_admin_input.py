@@ -10,7 +10,7 @@ import pytest
 from tidemq.broker import BrokerError, Code, admin
 
 
-@pytest.mark.parametrize("queue_nums", [5.5, "8", True, None, 0, 1025, -1])
+@pytest.mark.parametrize("queue_nums", [5.5, "8", True, 0, 1025, -1])
 def test_a_topic_with_a_bad_queue_count_is_refused_and_not_persisted(harness, queue_nums):
     with pytest.raises(BrokerError) as refused:
         admin.create_topic(harness.broker, "Bad", queue_nums)
@@ -69,16 +69,18 @@ def test_a_bad_persisted_entry_is_left_out_and_the_others_work(harness, caplog):
     harness.close()
     config = harness.directory / "config"
     topics = json.loads((config / "topics.json").read_text())
-    topics["Broken"] = {"name": "Broken", "queue_nums": 5.5, "message_type": "NORMAL", "perm": 6}
-    topics["Odd"] = ["not", "an", "object"]
+    table = topics["topicConfigTable"]
+    table["Broken"] = {**table["Good"], "topicName": "Broken", "attributes": {"message.type": "BOGUS"}}
+    table["Odd"] = ["not", "an", "object"]
     (config / "topics.json").write_text(json.dumps(topics))
-    groups = json.loads((config / "subscriptionGroups.json").read_text())
-    groups["Bad"] = {"name": "Bad", "retry_max_times": "many", "retry_backoff_ms": [1000]}
-    (config / "subscriptionGroups.json").write_text(json.dumps(groups))
+    groups = json.loads((config / "subscriptionGroup.json").read_text())
+    table = groups["subscriptionGroupTable"]
+    table["Bad"] = {**table["G"], "groupName": "Bad", "retryMaxTimes": "many"}
+    (config / "subscriptionGroup.json").write_text(json.dumps(groups))
     with caplog.at_level(logging.ERROR):
         harness.open()
     assert "topics.json" in caplog.text and "'Broken' left out" in caplog.text and "'Odd' left out" in caplog.text
-    assert "subscriptionGroups.json" in caplog.text and "'Bad' left out" in caplog.text
+    assert "subscriptionGroup.json" in caplog.text and "'Bad' left out" in caplog.text
     names = {t["name"] for t in admin.list_topics(harness.broker)}
     assert "Good" in names and "Broken" not in names
     assert harness.broker.route("Good").queue_nums == 2
@@ -86,7 +88,7 @@ def test_a_bad_persisted_entry_is_left_out_and_the_others_work(harness, caplog):
     harness.send("Good", b"still works")
 
 
-@pytest.mark.parametrize("name, text", [("topics.json", '{"a": '), ("subscriptionGroups.json", "[1, 2]")])
+@pytest.mark.parametrize("name, text", [("topics.json", '{"a": '), ("subscriptionGroup.json", "[1, 2]")])
 def test_an_invalid_config_file_stops_the_broker_naming_the_file(harness, name, text):
     harness.close()
     (harness.directory / "config").mkdir(exist_ok=True)

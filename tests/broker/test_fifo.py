@@ -89,7 +89,7 @@ def test_unacked_head_is_redelivered_before_the_rest_of_its_group(harness):
 
 def test_dead_letters_keep_the_order_and_release_the_next(harness):
     fifo_setup(harness, queues=1)
-    admin.create_group(harness.broker, "G", max_attempts=2)
+    admin.update_group(harness.broker, "G", max_attempts=2)
     for i in range(3):
         send(harness, "A", f"a{i}")
     for _ in range(2):
