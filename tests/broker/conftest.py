@@ -53,10 +53,10 @@ class Harness:
         return result
 
     def receive(self, group: str, topic: str, batch: int = 32, invisible_ms: int = 30_000, poll_ms: int = 0,
-                expression: str = "*", auto_renew: bool = False, client_id: str = "c1"):
+                expression: str = "*", auto_renew: bool = False, client_id: str = "c1", filter_type: str = "TAG"):
         from tidemq.broker import ReceiveRequest
 
-        req = ReceiveRequest(group=group, topic=topic, client_id=client_id, filter_expression=expression,
+        req = ReceiveRequest(group=group, topic=topic, client_id=client_id, filter_type=filter_type, filter_expression=expression,
                              batch_size=batch, invisible_ms=invisible_ms, auto_renew=auto_renew, poll_ms=poll_ms)
         return self.run(self.broker.receive(req))
 

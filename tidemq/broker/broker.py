@@ -14,10 +14,10 @@ import asyncio
 import logging
 
 from ..store import Message, MessageStore, record
-from . import fifo, validation
+from . import fifo, timers, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
-from .filters import MATCH_ALL, TagFilter, parse_filter
+from .filters import MATCH_ALL, Filter, parse_filter
 from .long_polling import LongPolling
 from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_letter_topic
 from .pop_journal import JournalWriteError, PopJournal, delivery_fields
@@ -26,6 +26,7 @@ from .pop_state import Delivery, Subscription
 from .priority import PriorityPop
 from .publishing import PeerHost, Publisher
 from .sessions import ServerSettings, Sessions
+from .timers import TimerService
 from .transactions import Transactions
 from .types import PRIORITY, TRANSACTION, Publish, Received, ReceiveRequest, SendResult
 
@@ -64,12 +65,14 @@ class Broker:
         self._scan_incomplete = False  # set by a pop that stopped at _SCAN_LIMIT with entries left
         self._valid_groups: set[str] = set()  # names that passed validation (hot path: every ack)
         self._valid_topics: set[str] = set()
-        self._filters: dict[tuple[str, str], TagFilter] = {}  # parsed filter expressions
+        self._filters: dict[tuple[str, str], Filter] = {}  # parsed filter expressions
         self.stats = dict.fromkeys(("sent", "delivered", "redelivered", "acked", "dead_lettered", "auto_renewals"), 0)
         self.publisher = Publisher(store, self.config, self.topic, self.stats)
         self.transactions = self.publisher.transactions = Transactions(store, self.config, self.sessions, self.publisher.put)
         self._daemons: set[asyncio.Task] = set()  # background loops that run until close
         self.priority = PriorityPop(self.config.priority_retry_first_percent)
+        self.timers = TimerService(store, store.directory / "config", self.clock, self.publisher.put)
+        self._timer_task: asyncio.Task | None = None
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -81,6 +84,8 @@ class Broker:
         self._maintenance = self._spawn(self._maintenance_loop())
         self._revive = self._spawn(self._revive_loop())
         self._daemons.update((self._maintenance, self._revive, self._spawn(self._transaction_check_loop())))
+        self.store.subscribe(self.timers.listener(loop))
+        self._timer_task = asyncio.ensure_future(self.timers.run(self._flush_store))
 
     def _on_arrival(self, changes: dict) -> None:  # dispatch thread
         loop = self._loop
@@ -153,12 +158,33 @@ class Broker:
                 pass
         for _, timer in self._wake_timers.values():
             timer.cancel()
+        await self._stop_timers()
         self.journal.close()
         self.save_consumer_offsets()
 
     def save_consumer_offsets(self) -> None:
         """Write each group's consumed offsets to consumerOffset.json (if any changed)."""
         self.consumer_offsets.update(consumed_offsets(self.subscriptions.values()))
+
+    async def _stop_timers(self) -> None:
+        """Stop releasing, make the releases durable and checkpoint them (a clean stop)."""
+        if self._timer_task is not None:
+            self._timer_task.cancel()
+            try:
+                await self._timer_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        try:
+            self.store.flush()
+            self.timers.checkpoint()
+        except Exception:
+            log.exception("could not checkpoint the timers; releases since the last checkpoint repeat")
+
+    async def _flush_store(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.store.flush)
+
+    async def recall(self, topic: str, handle: str) -> str:
+        return await timers.recall(self, topic, handle)
 
     # -- metadata -------------------------------------------------------------------------------
 
@@ -268,7 +294,7 @@ class Broker:
 
     # -- receive --------------------------------------------------------------------------------
 
-    def check_receive(self, req: ReceiveRequest) -> tuple[TopicConfig, GroupConfig, TagFilter]:
+    def check_receive(self, req: ReceiveRequest) -> tuple[TopicConfig, GroupConfig, Filter]:
         self._check_names(req.group, req.topic)
         if not req.auto_renew:
             validation.check_invisible_time(req.invisible_ms, self.config)
@@ -310,7 +336,7 @@ class Broker:
             sub = self.subscriptions[(group, topic)] = Subscription(group, topic)
         return sub
 
-    def pop(self, sub: Subscription, topic: TopicConfig, group: GroupConfig, tag_filter: TagFilter,
+    def pop(self, sub: Subscription, topic: TopicConfig, group: GroupConfig, tag_filter: Filter,
             req: ReceiveRequest) -> list[Received]:
         """Deliver up to `req.batch_size` messages: due redeliveries first, then new entries from
         every queue of the topic (a priority topic: level by level, highest first, as
@@ -384,7 +410,7 @@ class Broker:
             sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
             self._journal_done(sub, d)
             return
-        if not tag_filter.matches(rec.tags):
+        if not tag_filter.accepts(rec):
             sub.finish(d.queue_id, d.queue_offset)  # the group no longer wants it
             self._journal_done(sub, d)
             return
@@ -466,7 +492,7 @@ class Broker:
                     if withdrawn and unit.commit_log_offset in withdrawn:
                         continue  # its send was reported failed
                     rec = store.read_unit(unit)
-                    if rec is None or not tag_filter.matches(rec.tags):
+                    if rec is None or not tag_filter.accepts(rec):
                         continue
                     self._generation += 1
                     if fifo_state is not None and not fifo_state.admit(qid, unit.queue_offset, rec):

@@ -40,6 +40,7 @@ class BrokerConfig:
     renew_max_ms: int = 3 * 3600 * 1000  # renewMaxTimeMillis
     offline_invisible_time_ms: int = 1_000
     client_expire_ms: int = 120_000  # channelExpiredTimeout
+    timer_max_delay_sec: int = 86_400  # timerMaxDelaySec: how far ahead a delivery time may be
     producer_send_attempts: int = 3  # backoff_policy.max_attempts sent to producers
     transaction_timeout_ms: int = 6_000  # transactionTimeOut: a half message's immunity from checks
     transaction_check_max: int = 15  # transactionCheckMax: checks before it is dropped

@@ -1,4 +1,6 @@
-"""Tag filter expressions: `*` (everything) or `A || B || C`."""
+"""Filter expressions of a subscription: tags (`*`, or `A || B || C`) or SQL92 over the
+message's properties (`sql_filter`).  Both answer `matches_code` (may a consume-queue unit's
+tags code match: skip the record read when not) and `accepts` (does the record match)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from dataclasses import dataclass
 
 from ..store import record
 from .codes import BrokerError, Code
+from .sql_filter import SqlFilter, compile_sql
 
 SUBSCRIBE_ALL = "*"
 
@@ -21,14 +24,19 @@ class TagFilter:
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)
 
+    def accepts(self, rec) -> bool:
+        return self.tags is None or rec.tags in self.tags
+
 
 MATCH_ALL = TagFilter(None, None)
 
+Filter = TagFilter | SqlFilter
 
-def parse_filter(expression_type: str, expression: str) -> TagFilter:
-    """`expression_type` is "TAG" or "SQL"; SQL92 filtering is a later issue."""
+
+def parse_filter(expression_type: str, expression: str) -> Filter:
+    """`expression_type` is "TAG" or "SQL"."""
     if expression_type == "SQL":
-        raise BrokerError(Code.NOT_IMPLEMENTED, "SQL92 filter expressions are not supported yet")
+        return compile_sql(expression)
     if expression_type != "TAG":
         raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"unknown filter expression type {expression_type!r}")
     text = (expression or "").strip()

@@ -13,15 +13,15 @@ import logging
 from typing import Callable
 
 from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message, MessageStore, StoreClosedError, StoreError, record
-from . import fifo, priority, validation
+from . import fifo, message_types, priority, timers, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
-from .types import FIFO, MIXED, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
+from .types import DELAY, FIFO, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
 from .withdrawn import Withdrawn
 
-SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY})
+SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY, DELAY})
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +67,16 @@ class Publisher:
             validation.check_gzip_body(msg.body, cfg)
         if not msg.message_id or not msg.message_id.strip():
             raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id is blank")
-        if msg.delivery_timestamp is not None and msg.delivery_timestamp - self.clock() > 24 * 3600 * 1000:
-            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "delivery time is more than a day ahead")
+        if msg.delivery_timestamp is not None and msg.delivery_timestamp - self.clock() > cfg.timer_max_delay_sec * 1000:
+            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME,
+                              f"delivery time is more than {cfg.timer_max_delay_sec} s ahead (timerMaxDelaySec)")
         topic = self.topic(msg.topic)
-        if topic.message_type not in (msg.message_type, MIXED):
-            raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                              f"topic {topic.name!r} takes {topic.message_type} messages, not {msg.message_type}")
-        if msg.message_type == PRIORITY and (msg.priority is None or msg.priority < 0):
+        message_type = message_types.message_type_of(msg)
+        message_types.check_topic_takes(topic.name, topic.message_type, message_type)
+        if message_type == PRIORITY and (msg.priority is None or msg.priority < 0):
             raise BrokerError(Code.BAD_REQUEST, f"a priority message needs a priority of 0 or more, not {msg.priority}")
-        if msg.message_type not in SUPPORTED_TYPES:
-            raise BrokerError(Code.NOT_IMPLEMENTED, f"{msg.message_type} messages are not supported yet")
+        if message_type not in SUPPORTED_TYPES:
+            raise BrokerError(Code.NOT_IMPLEMENTED, f"{message_type} messages are not supported yet")
         return topic
 
     async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
@@ -117,6 +117,8 @@ class Publisher:
                 except BrokerError as exc:
                     results[i] = exc
                     continue
+            elif msg.delivery_timestamp is not None or msg.delay_level > 0:
+                message = self._delayed(msg, message)
             accepted.append((i, message))
         if accepted:
             outcomes = await self._store([m for _, m in accepted])
@@ -124,7 +126,8 @@ class Publisher:
                 if isinstance(put, BrokerError):
                     results[i] = put
                 else:
-                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset)
+                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset,
+                                            recall_handle=self._recall_handle(message))
                     self.stats["sent"] += 1
         return results
 
@@ -142,6 +145,23 @@ class Publisher:
                 return [put for outcome in outcomes for put in outcome]
             stored = getattr(exc, "results", [])  # a batch the disk refused part way
             return stored + [error] * (len(messages) - len(stored))
+
+    def _delayed(self, msg: Publish, message: Message) -> Message:
+        """A delay message as it is stored: in the timer topic while its time is ahead (in the
+        topic itself once it is not), or in its delay level's schedule queue."""
+        if msg.delay_level > 0:
+            return timers.delay_level_message(message, msg.delay_level)
+        message.properties[timers.PROPERTY_TIMER_DELIVER_MS] = str(msg.delivery_timestamp)
+        if msg.delivery_timestamp > self.clock():
+            return timers.timer_message(message, msg.delivery_timestamp)
+        return message
+
+    def _recall_handle(self, message: Message) -> str:
+        if message.topic != timers.TIMER_TOPIC:
+            return ""
+        properties = message.properties
+        return timers.recall_handle(properties[timers.PROPERTY_REAL_TOPIC], self.config.broker_name,
+                                    int(properties[timers.PROPERTY_TIMER_OUT_MS]), properties[record.PROPERTY_UNIQ_KEY])
 
     def _next_write_queue(self, topic: TopicConfig) -> int:
         qid = self._round_robin.get(topic.name, -1) + 1

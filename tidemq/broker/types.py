@@ -33,6 +33,7 @@ class Publish:
     priority: int | None = None
     lite_topic: str | None = None
     transaction_recovery_seconds: int | None = None  # a TRANSACTION message's own immunity time
+    delay_level: int = 0  # a 4.x delay level (the DELAY property), 0: none
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,6 +43,7 @@ class SendResult:
     queue_offset: int
     commit_log_offset: int
     transaction_id: str = ""  # a TRANSACTION message's (its message id)
+    recall_handle: str = ""  # a delay message's, for RecallMessage
 
 
 @dataclass(slots=True)

@@ -123,7 +123,7 @@ def publish_from(message: pb.Message) -> Publish:
         born_host=sp.born_host,
         compressed=encoding == pb.GZIP,
         message_group=sp.message_group if has("message_group") else None,
-        delivery_timestamp=_ms(sp.delivery_timestamp) if has("delivery_timestamp") else None,
+        delivery_timestamp=delivery_ms(sp.delivery_timestamp) if has("delivery_timestamp") else None,
         priority=priority,
         lite_topic=sp.lite_topic if has("lite_topic") else None,
         transaction_recovery_seconds=(sp.orphaned_transaction_recovery_duration.seconds
@@ -132,6 +132,18 @@ def publish_from(message: pb.Message) -> Publish:
 
 
 _BODY_ENCODINGS = frozenset({pb.IDENTITY, pb.GZIP, pb.ENCODING_UNSPECIFIED})
+
+
+_SECONDS_AS_MS = 10**11  # a Timestamp.seconds above this is a time in ms (year 5138 in seconds)
+
+
+def delivery_ms(timestamp) -> int:
+    """A delivery time in ms.  The Python SDK 5.1.2 puts Message.delivery_timestamp, which its
+    documentation gives in ms, into Timestamp.seconds unchanged: such seconds are read as ms,
+    so that both a value in seconds and one in ms mean what their sender meant."""
+    if timestamp.seconds > _SECONDS_AS_MS:
+        return timestamp.seconds
+    return _ms(timestamp)
 
 
 def _ms(timestamp) -> int:
@@ -174,6 +186,9 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     priority = priorities.parse(properties.get(priorities.PROPERTY_PRIORITY))
     if priority is not None:
         sp.priority = priority
+    deliver_at = properties.get(_TIMER_DELIVER_MS)
+    if deliver_at is not None and deliver_at.isdigit():
+        _set_ms(sp.delivery_timestamp, int(deliver_at))
     _set_ms(sp.born_timestamp, rec.born_timestamp)
     sp.born_host = rec.born_host[0]
     _set_ms(sp.store_timestamp, rec.store_timestamp)
@@ -185,10 +200,16 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     sp.delivery_attempt = attempt
 
 
+_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+_DELAY_LEVEL = "DELAY"
+
+
 def delivered_message_type(properties: dict[str, str]) -> int:
     """The type a delivered message reports, from its properties, as RocketMQ's proxy tells it."""
     if properties.get(PROPERTY_TRANSACTION_PREPARED) == "true":
         return pb.TRANSACTION
+    if _TIMER_DELIVER_MS in properties or _DELAY_LEVEL in properties:
+        return pb.DELAY
     if PROPERTY_SHARDING_KEY in properties:
         return pb.FIFO
     if priorities.PROPERTY_PRIORITY in properties:

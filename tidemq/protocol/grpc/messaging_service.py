@@ -167,7 +167,8 @@ class MessagingService:
                 failed += 1
             else:
                 entry = entries.add(message_id=result.message_id, offset=result.queue_offset,
-                                    transaction_id=result.transaction_id)
+                                    transaction_id=result.transaction_id,
+                                    recall_handle=result.recall_handle)
                 entry.status.CopyFrom(convert.OK)
         _set_overall_status(response, failed)
         return response
@@ -334,8 +335,10 @@ class MessagingService:
                                           request.transaction_id, resolution)
         return svc.EndTransactionResponse(status=convert.OK)
 
-    def RecallMessage(self, request, rpc):
-        return svc.RecallMessageResponse(status=convert.status(Code.NOT_IMPLEMENTED, "recalling delay messages is not supported yet"))
+    @unary(svc.RecallMessageResponse)
+    async def RecallMessage(self, request, rpc):
+        message_id = await self.broker.recall(convert.resource_name(request.topic), request.recall_handle)
+        return svc.RecallMessageResponse(status=convert.OK, message_id=message_id)
 
     def SyncLiteSubscription(self, request, rpc):
         return svc.SyncLiteSubscriptionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "lite topics are not supported yet"))
