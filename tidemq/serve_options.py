@@ -27,6 +27,7 @@ class ServeOptions:
     auto_renew_invisible_time_ms: int = 60_000
     renew_ahead_ms: int = 10_000
     renew_interval_ms: int = 5_000
+    timer_max_delay_sec: int = 86_400
     event_loop: str = "auto"
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
@@ -67,6 +68,8 @@ OPTIONS = [
     ("--priority-retry-first-percent", "popFromRetryProbabilityForPriority", "priority_retry_first_percent",
      "share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
      "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)"),
+    ("--timer-max-delay-sec", "timerMaxDelaySec", "timer_max_delay_sec",
+     "how far ahead a delay message's delivery time may be (default one day)"),
     ("--event-loop", "eventLoop", "event_loop", "auto | uvloop | asyncio (auto: uvloop when installed, "
      "it takes less CPU per call)"),
     # TLS

@@ -46,6 +46,7 @@ class Server:
             transaction_timeout_ms=options.transaction_timeout_ms, transaction_check_max=options.transaction_check_max,
             transaction_check_interval_ms=options.transaction_check_interval_ms,
             priority_retry_first_percent=options.priority_retry_first_percent,
+            timer_max_delay_sec=options.timer_max_delay_sec,
         )
         self.store: MessageStore | None = None
         self.broker: Broker | None = None

@@ -21,7 +21,7 @@ def broker_snippets() -> list[str]:
 
 
 def test_readme_producer_and_consumer_snippets_work(server):
-    producer, consumer, transactional = broker_snippets()
+    producer, consumer, transactional = broker_snippets()[:3]
     admin_call(server.address, "CreateTopic", name="payments", queue_nums=8, message_type="TRANSACTION")
     outputs = []
     for code in (producer, consumer, transactional):
@@ -33,3 +33,15 @@ def test_readme_producer_and_consumer_snippets_work(server):
     assert outputs[0].startswith("sent ")
     assert "received paid order 42 paid attempt 1" in outputs[1]
     assert outputs[2].startswith("committed ")
+
+
+def test_readme_delay_and_sql_snippets_work(server):
+    from tidemq.protocol.grpc import admin_call
+
+    delay, sql = broker_snippets()[3:5]
+    admin_call(server.address, "CreateTopic", name="reminders", queue_nums=2, message_type="DELAY")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(delay.replace("127.0.0.1:8081", server.address), str(README), "exec"), {})
+    assert out.getvalue().startswith("recalled ")
+    exec(compile(sql, str(README), "exec"), {})
