@@ -303,3 +303,34 @@ def test_the_background_service_releases_without_being_asked(tmp_path):
     finally:
         th.close()
         th.loop.close()
+
+
+def test_rocketmq_checkpoints_are_written_for_rocketmq_to_go_on_from(th):
+    import json
+    import struct
+
+    th.delay("D", b"first", 1_000)
+    th.delay("D", b"second", 5_000)
+    th.send("D", b"level", delay_level=1)
+    th.clock.advance(1_000)
+    assert th.release() == 2
+    th.close()
+    config = th.directory / "config"
+    page = (config / "timercheck").read_bytes()
+    assert len(page) == 4096
+    read_time, flush_pos, queue_offset, master_offset = struct.unpack_from(">qqqq", page)
+    assert (read_time, queue_offset, master_offset) == (th.clock(), 1, 1)  # "second" is pending
+    assert json.loads((config / "delayOffset.json").read_text())["offsetTable"] == {"1": 1}
+    th.open()
+
+
+def test_rocketmq_delay_offsets_are_read_when_rocketmq_wrote_them(th):
+    th.send("D", b"released by rocketmq", delay_level=1)
+    th.send("D", b"pending", delay_level=1)
+    th.close()
+    # RocketMQ ran on the store since and released the first (its JSON leaves the key unquoted)
+    (th.directory / "config" / "delayOffset.json").write_text('{"offsetTable":{1:1},"dataVersion":{"counter":3}}')
+    th.open()
+    th.clock.advance(1_000)
+    assert th.release() == 1
+    assert th.topic_bodies("D") == [b"pending"]

@@ -24,12 +24,17 @@ The service (owned by the broker's event loop, no locks):
   `loaded`; `low`, the lowest timer-queue offset not yet released; `floor`, a heap key such that
   every loaded entry below it has been released; `above`, the offsets released with keys at or
   above `floor` (a timer read after its due time can go out before an earlier-loaded one with a
-  later key); and each delay level's cursor.  On open, the timer queue is read again from `low`,
+  later key); and each delay level's cursor (also in RocketMQ's `config/delayOffset.json`, read
+  instead when it is not the one tidemq wrote).  On open, the timer queue is read again from `low`,
   skipping what the checkpoint says went out.  So no timer is lost; after a clean close none is
   released twice; after a crash those released since the last checkpoint go out again.
-- A store without `timers.json` that RocketMQ wrote (`config/timercheck`: lastReadTimeMs at 0,
-  lastTimerQueueOffset at 16) starts from RocketMQ's progress: entries below its queue offset
-  due before its read time went out; the rest are pending."""
+- RocketMQ keeps its progress in `config/timercheck` (lastReadTimeMs at 0, lastTimerQueueOffset
+  at 16, masterTimerQueueOffset at 24).  tidemq writes it with each checkpoint (read time now,
+  queue offsets `low`), so that RocketMQ opening the store reads the timer queue from the lowest
+  pending entry; entries above it that tidemq released go out again there.  When tidemq opens
+  a store whose timercheck is not the one it wrote (RocketMQ ran since, or only RocketMQ did),
+  it starts from RocketMQ's progress: entries below its queue offset due before its read time
+  went out; the rest are pending."""
 
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ import heapq
 import json
 import logging
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -66,8 +72,25 @@ _OFFSET_BITS = 40  # timer-queue offsets below 2**40 share a heap key with their
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 _LOAD_BATCH = 256  # consume-queue units read per step while loading
 _RELEASE_BATCH = 256  # messages stored together per release step
+_LOAD_ROUND = 4096  # entries one round loads at most: a round holds the event loop for a few ms
 
 Put = Callable[[list[Message]], Awaitable[list]]
+
+
+TIMERCHECK = "timercheck"  # RocketMQ's timer checkpoint, in the store's config directory
+DELAY_OFFSET_FILE = "delayOffset.json"  # RocketMQ's delay-level progress, beside it
+_OFFSET_TABLE = re.compile(r'"offsetTable"\s*:\s*\{([^}]*)\}')
+_OFFSET_ENTRY = re.compile(r'"?(\d+)"?\s*:\s*(\d+)')
+_TIMERCHECK_SIZE = 4096
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 # -- the messages ----------------------------------------------------------------------------------
@@ -196,6 +219,7 @@ class TimerService:
         self._recent: list[int] = []  # keys released since the last checkpoint
         self._levels: dict[int, int] = {}  # delay level queue -> next offset to release
         self._dirty = False
+        self._timercheck_counter = 0
         self.stats = {"timers_released": 0, "timers_recalled": 0, "delay_levels_released": 0}
         self._wake = None
         self._open()
@@ -208,20 +232,43 @@ class TimerService:
         floor, above = state.get("floor"), set(state.get("above", ()))
         loaded_before = state.get("loaded", 0)
         self._levels = {int(q): int(o) for q, o in state.get("levels", {}).items()}
+        rocketmq_levels = self._read_delay_offsets()
+        if rocketmq_levels is not None and rocketmq_levels != state.get("delayOffset"):
+            self._levels = {int(level) - 1: offset for level, offset in rocketmq_levels.items() if int(level) >= 1}
         self._load(limit=None, skip=(loaded_before, floor, above))
         self._dirty = False
 
     def _read_checkpoint(self) -> dict:
-        if self.path.exists():
-            return json.loads(self.path.read_text())
-        rocketmq = self.path.parent / "timercheck"
-        if rocketmq.exists() and rocketmq.stat().st_size >= 24:
-            with open(rocketmq, "rb") as f:
-                read_time, _, queue_offset = struct.unpack(">qqq", f.read(24))
+        """tidemq's checkpoint, unless RocketMQ ran on the store since tidemq wrote it (its
+        timercheck is not the one tidemq left), or there is only RocketMQ's."""
+        state = json.loads(self.path.read_text()) if self.path.exists() else None
+        rocketmq = self._read_timercheck()
+        if rocketmq is not None and (state is None or list(rocketmq) != state.get("timercheck")):
+            read_time, queue_offset = rocketmq
             log.info("timers start from RocketMQ's timer checkpoint: queue offset %d, read time %d", queue_offset, read_time)
             # entries below the queue offset due before the read time went out
             return {"low": 0, "loaded": queue_offset, "floor": read_time << _OFFSET_BITS, "above": []}
-        return {}
+        return state or {}
+
+    def _read_timercheck(self) -> tuple[int, int] | None:
+        """(lastReadTimeMs, lastTimerQueueOffset) of RocketMQ's `config/timercheck`, if any."""
+        path = self.path.parent / TIMERCHECK
+        if not path.exists() or path.stat().st_size < 24:
+            return None
+        with open(path, "rb") as f:
+            read_time, _, queue_offset = struct.unpack(">qqq", f.read(24))
+        return read_time, queue_offset
+
+    def _write_timercheck(self, now: int) -> list[int]:
+        """RocketMQ's timer checkpoint for this progress, so that RocketMQ 5.5.0 opening the store
+        reads the timer queue from the lowest pending entry (it keeps its pending timers in
+        files of its own, which it rebuilds from there) instead of from the start, which would
+        release every retained timer again.  Returns what RocketMQ reads back from it."""
+        self._timercheck_counter += 1
+        page = bytearray(_TIMERCHECK_SIZE)
+        struct.pack_into(">qqqqqqq", page, 0, now, 0, self._low, self._low, 0, now, self._timercheck_counter)
+        _write_atomically(self.path.parent / TIMERCHECK, bytes(page))
+        return [now, self._low]
 
     def checkpoint(self) -> None:
         """Write the progress (the caller has made the releases it counts durable)."""
@@ -231,20 +278,38 @@ class TimerService:
         self._above = above if floor is not None else set()
         self._recent.clear()
         self._floor = floor
-        state = {"loaded": self._loaded, "low": self._low, "floor": floor, "above": sorted(self._above),
-                 "levels": {str(q): o for q, o in sorted(self._levels.items())}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        timercheck = self._write_timercheck(self.clock())
+        delay_offsets = self._write_delay_offsets(self.clock())
+        state = {"loaded": self._loaded, "low": self._low, "floor": floor, "above": sorted(self._above),
+                 "levels": {str(q): o for q, o in sorted(self._levels.items())}, "timercheck": timercheck,
+                 "delayOffset": delay_offsets}
+        _write_atomically(self.path, json.dumps(state).encode())
         self._dirty = False
+
+    def _read_delay_offsets(self) -> dict[str, int] | None:
+        """RocketMQ's `config/delayOffset.json` offsetTable (delay level -> next offset), if any.
+        RocketMQ's JSON writer leaves these integer keys unquoted, so they are read leniently."""
+        path = self.path.parent / DELAY_OFFSET_FILE
+        if not path.exists():
+            return None
+        table = _OFFSET_TABLE.search(path.read_text(errors="replace"))
+        if table is None:
+            return None
+        return {level: int(offset) for level, offset in _OFFSET_ENTRY.findall(table.group(1))}
+
+    def _write_delay_offsets(self, now: int) -> dict[str, int]:
+        """Each delay level's cursor in RocketMQ's `config/delayOffset.json`, so that RocketMQ
+        opening the store goes on from there.  Returns the table written."""
+        table = {str(qid + 1): offset for qid, offset in sorted(self._levels.items())}
+        document = {"offsetTable": table,
+                    "dataVersion": {"counter": self._timercheck_counter, "stateVersion": 0, "timestamp": now}}
+        _write_atomically(self.path.parent / DELAY_OFFSET_FILE, json.dumps(document).encode())
+        return table
 
     # -- loading -----------------------------------------------------------------------------
 
-    def _load(self, limit: int | None = 65_536, skip=None) -> int:
+    def _load(self, limit: int | None = _LOAD_ROUND, skip=None) -> int:
         """Read timer-queue entries from `_loaded` into the heap (at most `limit`); `skip`: the
         checkpoint's (loaded, floor, above), naming entries that already went out."""
         store, read = self.store, 0
@@ -286,6 +351,14 @@ class TimerService:
             self._low += start
 
     # -- release -----------------------------------------------------------------------------
+
+    def loading(self) -> bool:
+        """Whether timer-queue entries wait to be read into the heap."""
+        return self._loaded < self.store.max_offset(TIMER_TOPIC, 0)
+
+    def pending(self) -> int:
+        """Timers (and recall markers) read and not yet due."""
+        return len(self._heap)
 
     def recall(self, topic: str, unique_key: str, due_ms: int) -> None:
         """Cancel now, before the marker (already stored by the caller) is read back."""
@@ -413,6 +486,7 @@ class TimerService:
         self._wake = asyncio.Event()
         last_checkpoint = self.clock()
         while True:
+            self._wake.clear()  # arrivals from here on wake the wait below
             try:
                 await self.release_due()
                 now = self.clock()
@@ -422,9 +496,11 @@ class TimerService:
                     last_checkpoint = now
             except Exception:
                 log.exception("timer round failed")
+            if self.loading():
+                await asyncio.sleep(0)  # more entries to read: go on after letting others run
+                continue
             due = self.next_due()
             wait = interval_ms if due is None else max(0, min(interval_ms, due - self.clock()))
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), wait / 1000)
             except asyncio.TimeoutError:
