@@ -334,3 +334,16 @@ def test_rocketmq_delay_offsets_are_read_when_rocketmq_wrote_them(th):
     th.clock.advance(1_000)
     assert th.release() == 1
     assert th.topic_bodies("D") == [b"pending"]
+
+
+def test_a_checkpoint_written_before_the_timer_queue_is_read_again_keeps_what_went_out(th):
+    for after in (1_000, 2_000, 3_000):
+        th.delay("D", f"{after}".encode(), after)
+    th.clock.advance(1_000)
+    assert th.release() == 1
+    th.reopen()
+    th.broker.timers.checkpoint()  # nothing read since the open yet
+    th.reopen()
+    th.clock.advance(5_000)
+    assert th.release() == 2
+    assert th.topic_bodies("D") == [b"1000", b"2000", b"3000"]

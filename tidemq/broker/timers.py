@@ -20,14 +20,16 @@ The service (owned by the broker's event loop, no locks):
   Delay levels need no heap: within a level the due times follow the queue order, so each level
   is a cursor whose head is its next due message.
 - Checkpoint (`{store}/config/timers.json`, written atomically every second when changed and at
-  close, after the store is flushed so that every release it counts is durable):
-  `loaded`; `low`, the lowest timer-queue offset not yet released; `floor`, a heap key such that
-  every loaded entry below it has been released; `above`, the offsets released with keys at or
-  above `floor` (a timer read after its due time can go out before an earlier-loaded one with a
-  later key); and each delay level's cursor (also in RocketMQ's `config/delayOffset.json`, read
-  instead when it is not the one tidemq wrote).  On open, the timer queue is read again from `low`,
-  skipping what the checkpoint says went out.  So no timer is lost; after a clean close none is
-  released twice; after a crash those released since the last checkpoint go out again.
+  close, after the store is flushed so that every release it counts is durable): `low`, the
+  lowest timer-queue offset not yet released; rules `[upto, floor, above]`: of the entries
+  below `upto` (read into the heap by then), those with a heap key below `floor` went out (None:
+  all did), and so did those at offsets `above` (a timer read after its due time can go out
+  before an earlier-read one with a later key); each delay level's cursor (also in RocketMQ's
+  `config/delayOffset.json`, read instead when it is not the one tidemq wrote).  After an open
+  the timer queue is read again from `low`, in the same rounds, each entry judged by the rules
+  read at the open; a checkpoint written before that reading is done carries the old rules for
+  the rest.  So no timer is lost; after a clean close none is released twice; after a crash
+  those released since the last checkpoint go out again.
 - RocketMQ keeps its progress in `config/timercheck` (lastReadTimeMs at 0, lastTimerQueueOffset
   at 16, masterTimerQueueOffset at 24).  tidemq writes it with each checkpoint (read time now,
   queue offsets `low`), so that RocketMQ opening the store reads the timer queue from the lowest
@@ -214,8 +216,8 @@ class TimerService:
         self._loaded = 0  # next timer-queue offset to read into the heap
         self._low = 0  # every timer-queue offset below it is released (or a marker)
         self._done = bytearray()  # per offset in [_low, _loaded): 1 once released
-        self._floor: int | None = None  # heap key of the checkpoint (None: everything loaded went out)
         self._above: set[int] = set()  # offsets released out of key order, kept for the checkpoint
+        self._rules: list[tuple[int, int | None, set[int]]] = []  # the last checkpoint's, for what is not read yet
         self._recent: list[int] = []  # keys released since the last checkpoint
         self._levels: dict[int, int] = {}  # delay level queue -> next offset to release
         self._dirty = False
@@ -229,13 +231,11 @@ class TimerService:
     def _open(self) -> None:
         state = self._read_checkpoint()
         self._loaded = self._low = max(state.get("low", 0), self.store.min_offset(TIMER_TOPIC, 0))
-        floor, above = state.get("floor"), set(state.get("above", ()))
-        loaded_before = state.get("loaded", 0)
+        self._rules = sorted((upto, floor, set(above)) for upto, floor, above in state.get("rules", ()))
         self._levels = {int(q): int(o) for q, o in state.get("levels", {}).items()}
         rocketmq_levels = self._read_delay_offsets()
         if rocketmq_levels is not None and rocketmq_levels != state.get("delayOffset"):
             self._levels = {int(level) - 1: offset for level, offset in rocketmq_levels.items() if int(level) >= 1}
-        self._load(limit=None, skip=(loaded_before, floor, above))
         self._dirty = False
 
     def _read_checkpoint(self) -> dict:
@@ -247,7 +247,7 @@ class TimerService:
             read_time, queue_offset = rocketmq
             log.info("timers start from RocketMQ's timer checkpoint: queue offset %d, read time %d", queue_offset, read_time)
             # entries below the queue offset due before the read time went out
-            return {"low": 0, "loaded": queue_offset, "floor": read_time << _OFFSET_BITS, "above": []}
+            return {"low": 0, "rules": [[queue_offset, read_time << _OFFSET_BITS, []]]}
         return state or {}
 
     def _read_timercheck(self) -> tuple[int, int] | None:
@@ -277,11 +277,13 @@ class TimerService:
         above |= {o for o in self._above if o >= self._low}
         self._above = above if floor is not None else set()
         self._recent.clear()
-        self._floor = floor
+        # entries not read since the open keep the rule they had
+        rules = [[self._loaded, floor, sorted(self._above)]]
+        rules += [[upto, f, sorted(a)] for upto, f, a in self._rules if upto > self._loaded]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         timercheck = self._write_timercheck(self.clock())
         delay_offsets = self._write_delay_offsets(self.clock())
-        state = {"loaded": self._loaded, "low": self._low, "floor": floor, "above": sorted(self._above),
+        state = {"low": self._low, "rules": rules,
                  "levels": {str(q): o for q, o in sorted(self._levels.items())}, "timercheck": timercheck,
                  "delayOffset": delay_offsets}
         _write_atomically(self.path, json.dumps(state).encode())
@@ -309,12 +311,12 @@ class TimerService:
 
     # -- loading -----------------------------------------------------------------------------
 
-    def _load(self, limit: int | None = _LOAD_ROUND, skip=None) -> int:
-        """Read timer-queue entries from `_loaded` into the heap (at most `limit`); `skip`: the
-        checkpoint's (loaded, floor, above), naming entries that already went out."""
-        store, read = self.store, 0
+    def _load(self, limit: int = _LOAD_ROUND) -> int:
+        """Read up to `limit` timer-queue entries from `_loaded` into the heap, skipping those
+        the checkpoint read at the open says went out."""
+        store, read, rules = self.store, 0, self._rules
         high = store.max_offset(TIMER_TOPIC, 0)
-        while self._loaded < high and (limit is None or read < limit):
+        while self._loaded < high and read < limit:
             units = store.read_units(TIMER_TOPIC, 0, self._loaded, _LOAD_BATCH)
             if not units:
                 break
@@ -330,8 +332,10 @@ class TimerService:
                     continue
                 key = due << _OFFSET_BITS | offset
                 marker = rec.properties.get(PROPERTY_TIMER_DEL_UNIQKEY)
-                if skip is not None and offset < skip[0] and (skip[1] is None or key < skip[1] or offset in skip[2]):
-                    self._mark_done(offset)
+                while rules and offset >= rules[0][0]:
+                    del rules[0]
+                if rules and (rules[0][1] is None or key < rules[0][1] or offset in rules[0][2]):
+                    self._mark_done(offset)  # went out before the open
                     continue
                 if marker:
                     self._deleted[marker] = max(due, self._deleted.get(marker, due))
