@@ -45,6 +45,11 @@ class TimerHarness(Harness):
     def delay(self, topic: str, body: bytes, after_ms: int, **kw):
         return self.send(topic, body, message_type="DELAY", delivery_timestamp=self.clock() + after_ms, **kw)
 
+    def delays(self, topic: str, *afters: int) -> None:
+        """One delay message per delay in ms, its body the delay."""
+        for after in afters:
+            self.delay(topic, str(after).encode(), after)
+
     def topic_bodies(self, topic: str) -> list[bytes]:
         out = []
         for qid in range(8):
@@ -131,8 +136,7 @@ def test_a_delivery_time_already_past_is_stored_in_the_topic_itself(th):
 
 
 def test_timers_release_in_due_order_whatever_the_send_order(th):
-    for after in (3_000, 1_000, 2_000, 1_000):
-        th.delay("D", f"{after}".encode(), after)
+    th.delays("D", 3_000, 1_000, 2_000, 1_000)
     th.clock.advance(1_000)
     assert th.release() == 2
     th.clock.advance(1_000)
@@ -143,8 +147,7 @@ def test_timers_release_in_due_order_whatever_the_send_order(th):
 
 
 def test_pending_timers_survive_a_restart_and_none_is_released_twice(th):
-    for after in (1_000, 2_000, 3_000):
-        th.delay("D", f"{after}".encode(), after)
+    th.delays("D", 1_000, 2_000, 3_000)
     th.clock.advance(1_000)
     assert th.release() == 1
     th.reopen()
@@ -160,8 +163,7 @@ def test_pending_timers_survive_a_restart_and_none_is_released_twice(th):
 def test_without_a_checkpoint_a_restart_releases_again_but_loses_nothing(th):
     """What a crash leaves: releases since the last checkpoint go out again, none is lost."""
     th.broker.timers.checkpoint = lambda: None  # the process dies before writing one
-    for after in (1_000, 2_000):
-        th.delay("D", f"{after}".encode(), after)
+    th.delays("D", 1_000, 2_000)
     th.clock.advance(1_000)
     assert th.release() == 1
     th.reopen()
@@ -337,8 +339,7 @@ def test_rocketmq_delay_offsets_are_read_when_rocketmq_wrote_them(th):
 
 
 def test_a_checkpoint_written_before_the_timer_queue_is_read_again_keeps_what_went_out(th):
-    for after in (1_000, 2_000, 3_000):
-        th.delay("D", f"{after}".encode(), after)
+    th.delays("D", 1_000, 2_000, 3_000)
     th.clock.advance(1_000)
     assert th.release() == 1
     th.reopen()

@@ -246,32 +246,28 @@ def _not(operand: _Node) -> _Node:
     return _Fn(fn)
 
 
-def _and(left: _Node, right: _Node) -> _Node:
+def _logic(left: _Node, right: _Node, decisive: bool) -> _Node:
+    """AND (`decisive` False) or OR (True), three-valued: an operand equal to `decisive`
+    decides; otherwise unknown if either is unknown."""
     left, right = _as_boolean(left), _as_boolean(right)
 
     def fn(props):
         lv = left.value(props)
-        if lv is False:
-            return False
+        if lv is decisive:
+            return decisive
         rv = right.value(props)
-        if rv is False:
-            return False
-        return None if lv is None or rv is None else True
+        if rv is decisive:
+            return decisive
+        return None if lv is None or rv is None else not decisive
     return _Fn(fn)
+
+
+def _and(left: _Node, right: _Node) -> _Node:
+    return _logic(left, right, False)
 
 
 def _or(left: _Node, right: _Node) -> _Node:
-    left, right = _as_boolean(left), _as_boolean(right)
-
-    def fn(props):
-        lv = left.value(props)
-        if lv is True:
-            return True
-        rv = right.value(props)
-        if rv is True:
-            return True
-        return None if lv is None or rv is None else False
-    return _Fn(fn)
+    return _logic(left, right, True)
 
 
 def _as_boolean(node: _Node) -> _Node:
