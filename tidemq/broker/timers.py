@@ -8,7 +8,8 @@ Storage (RocketMQ's HookUtils / TimerMessageStore / ScheduleMessageService):
   stored in queue `level - 1` of `SCHEDULE_TOPIC_XXXX`, due at its store time plus the level's
   delay (`messageDelayLevel`), read from the record, never from the consume-queue tags code.
 - When due, a copy goes to `REAL_TOPIC`/`REAL_QID` with `REAL_*` removed and `TIMER_ENQUEUE_MS`,
-  `TIMER_DEQUEUE_MS` added (timer messages), or `DELAY` removed (delay levels).
+  `TIMER_DEQUEUE_MS` added (timer messages), or `DELAY` and `TIMER_*` delivery times removed
+  (delay levels).
 - A recall stores a marker in the timer topic: `TIMER_DEL_UNIQKEY` = `topic+uniqueKey`, due a
   millisecond after the message it cancels; a due message whose key is marked is dropped.
 
@@ -64,6 +65,7 @@ PROPERTY_TIMER_DEL_UNIQKEY = "TIMER_DEL_UNIQKEY"
 PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_DELAY = "DELAY"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 RECALL_TAG = "_RECALL_TAG_"
 
 # messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", in ms
@@ -144,13 +146,16 @@ def _moved(message: Message, topic: str, queue_id: int, properties: dict[str, st
 def released_message(rec: record.Record, now: int, enqueued_ms: int | None = None) -> Message | None:
     """The copy of a due record that goes to its real topic, or None if it names none."""
     properties = dict(rec.properties)
-    topic = properties.pop(PROPERTY_REAL_TOPIC, None)
-    qid = properties.pop(PROPERTY_REAL_QID, "0")
+    topic = properties.get(PROPERTY_REAL_TOPIC)
+    qid = properties.get(PROPERTY_REAL_QID, "0")
     if not topic or not qid.isdigit():
         return None
-    if rec.topic == SCHEDULE_TOPIC:
-        properties.pop(PROPERTY_DELAY, None)
+    if rec.topic == SCHEDULE_TOPIC:  # REAL_* stay, as RocketMQ's ScheduleMessageService leaves them
+        for name in (PROPERTY_DELAY, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC):
+            properties.pop(name, None)
     else:
+        del properties[PROPERTY_REAL_TOPIC]
+        properties.pop(PROPERTY_REAL_QID, None)
         if enqueued_ms is not None:
             properties[PROPERTY_TIMER_ENQUEUE_MS] = str(enqueued_ms)
         properties[PROPERTY_TIMER_DEQUEUE_MS] = str(now)
