@@ -28,6 +28,7 @@ errors carry positions, which the status message passes on."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import lark
@@ -93,7 +94,10 @@ COMMENT: /--[^\n\r]*(\r\n|\n|\r)/ | /\/\*[^*]*\*+([^*\/][^*]*\*+)*\//
 %ignore COMMENT
 """
 
-_PARSER = lark.Lark(_GRAMMAR, parser="lalr", lexer="contextual", maybe_placeholders=False)
+@functools.cache
+def _parser() -> lark.Lark:
+    """The LALR parser, built at the first SQL92 expression (building its tables takes a while)."""
+    return lark.Lark(_GRAMMAR, parser="lalr", lexer="contextual", maybe_placeholders=False)
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
@@ -455,7 +459,7 @@ def compile_sql(expression: str) -> SqlFilter:
     if len(text) > MAX_EXPRESSION_LENGTH:
         raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"SQL92 filter expression longer than {MAX_EXPRESSION_LENGTH} characters")
     try:
-        root = _as_boolean(_build(_PARSER.parse(text)))
+        root = _as_boolean(_build(_parser().parse(text)))
     except lark.exceptions.LarkError as exc:
         raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad SQL92 filter expression {text!r}: {_first_line(exc)}") from None
     except _Invalid as exc:
