@@ -7,7 +7,7 @@ import time
 
 import pytest
 from rocketmq import FilterExpression, SimpleConsumer
-from rocketmq.grpc_protocol import FilterType
+from rocketmq.grpc_protocol import FilterType, MessageType
 from tidemq.protocol.grpc import admin_call
 
 from .server import ServerProcess
@@ -21,13 +21,16 @@ def clients(server):
     c.close()
 
 
-def receive_bodies(consumer, until_count: int, timeout: float = 20.0) -> dict[bytes, float]:
-    """Body -> wall time (ms) of receipt, acking each, until `until_count` bodies or timeout."""
+def receive_bodies(consumer, until_count: int, timeout: float = 20.0, messages: dict | None = None) -> dict[bytes, float]:
+    """Body -> wall time (ms) of receipt, acking each, until `until_count` bodies or timeout;
+    the messages by body into `messages` when given."""
     got: dict[bytes, float] = {}
     give_up = time.monotonic() + timeout
     while len(got) < until_count and time.monotonic() < give_up:
         for m in consumer.receive(32, 15):
             got.setdefault(m.body, time.time() * 1000)
+            if messages is not None:
+                messages[m.body] = m
             consumer.ack(m)
     return got
 
@@ -68,9 +71,12 @@ def test_delay_messages_in_seconds_and_in_milliseconds_arrive_no_earlier_than_th
         receipt = producer.send(m)
         assert receipt.recall_handle
     consumer = clients.simple(unique("DelayG"), {topic: FilterExpression()}, await_duration=1)
-    got = receive_bodies(consumer, 2)
+    messages: dict = {}
+    got = receive_bodies(consumer, 2, messages=messages)
     assert set(got) == {b"seconds", b"millis"}
     assert got[b"seconds"] >= due_s * 1000 and got[b"millis"] >= due_ms
+    assert messages[b"millis"].delivery_timestamp == due_ms  # delivered as a DELAY message with its time
+    assert messages[b"millis"].message_type == MessageType.DELAY
 
 
 def test_a_recalled_delay_message_is_never_delivered(server, clients):
