@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml tidemq/store/_append.c tidemq/store/_dispatch.c tidemq/store/_queue_file.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,pipeline]'
 	touch $@
 
 install: $(BIN)/.installed

@@ -75,18 +75,17 @@ def store_decode(store: Path, **options) -> tuple[float, int]:
     """Seconds for one thread to decode every record with `record.decode`, and the count."""
     count = 0
     t0 = time.perf_counter()
-    for _, path, _ in planning.segments(str(store / "commitlog")):
-        mm = planning.map_segment(path)
-        base = int(Path(path).name)
+    for base, path, _ in planning.segments(str(store / "commitlog")):
+        segment = planning.open_segment(path, base)
         pos = 0
         while True:
-            result = record.decode(mm, pos, base_offset=base, **options)
+            result = record.decode(segment.buf, pos, base_offset=base, **options)
             if type(result) is not record.Record:
                 break
             pos += result.total_size
             count += 1
         del result
-        mm.close()
+        segment.close()
     return time.perf_counter() - t0, count
 
 

@@ -11,7 +11,8 @@ from pipeline_logs import LONG_TOPIC, sample_messages, write_store
 from tidemq.pipeline import CorruptLogError
 from tidemq.pipeline import plan as planning
 from tidemq.pipeline.columns import COLUMN_NAMES, SCHEMA, select_schema
-from tidemq.pipeline.rebuild import rebuild, task_errors
+from tidemq.pipeline.errors import job_errors
+from tidemq.pipeline.rebuild import rebuild
 from tidemq.pipeline.source import ReadSettings, read_range
 from tidemq.store import record
 
@@ -166,7 +167,7 @@ def test_a_corrupt_record_in_the_middle_stops_the_read_with_an_error(spark, writ
     segment.write_bytes(bytes(data))
 
     with pytest.raises(CorruptLogError, match=f"corrupt record at commit-log offset {victim.commit_log_offset}"):
-        with task_errors():
+        with job_errors():
             read(spark, str(copy), columns="commit_log_offset").count()
     before = read(spark, str(copy), columns="commit_log_offset", endOffset=victim.commit_log_offset)
     assert before.count() == results.index(victim)

@@ -3,6 +3,9 @@
 - `export`: every message to Parquet, partitioned by topic and day (UTC, of the store time);
 - `stats`: per-topic and per-queue counts, bytes, first and last store time, and message rates
   over time in fixed buckets.
+
+The store may be a path or a URI (`files`); the export's `out` goes to Spark's own Parquet writer,
+so it takes whatever URIs Spark's Hadoop filesystems take (file://, hdfs://, s3a://, ...).
 """
 
 from __future__ import annotations
@@ -10,17 +13,27 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 
-from .rebuild import report_tail, task_errors
-from .source import SOURCE_NAME
+from . import SOURCE_NAME, files
+from .errors import JobFailedError, job_errors
+from .rebuild import report_tail
+
+EXPORT_MODES = ("errorifexists", "overwrite", "append", "ignore")
 
 
-def _reader(spark, partition_size):
+def _reader(spark, partition_size, start_offset=None, end_offset=None):
     reader = spark.read.format(SOURCE_NAME)
-    if partition_size is not None:
-        reader = reader.option("partitionSize", str(partition_size))
+    for option, value in (("partitionSize", partition_size), ("startOffset", start_offset), ("endOffset", end_offset)):
+        if value is not None:
+            reader = reader.option(option, str(value))
     return reader
+
+
+def spark_location(raw: str | os.PathLike) -> str:
+    """An output for Spark's own writers: a URI as given, a plain path as a file:// URI (so a
+    cluster's executors do not read it against another default filesystem)."""
+    text = os.fspath(raw)
+    return text if not files.is_local(files.normalize(text)) else files.uri(files.normalize(text))
 
 
 @dataclass
@@ -30,19 +43,34 @@ class ExportReport:
 
 
 def export(
-    spark, store: str | os.PathLike, out: str | os.PathLike, *, mode: str = "errorifexists", partition_size=None
+    spark,
+    store: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    mode: str = "errorifexists",
+    partition_size=None,
+    start_offset: int | None = None,
+    end_offset: int | None = None,
 ) -> ExportReport:
-    """Write every message of `store` to Parquet under `out`, in `topic=.../day=YYYY-MM-DD/`."""
+    """Write every message of `store` to Parquet under `out`, in `topic=.../day=YYYY-MM-DD/`.
+    `mode` is Spark's save mode: into an existing `out`, errorifexists (the default) refuses,
+    overwrite replaces it, append adds to it, ignore does nothing."""
     from pyspark.sql import functions as F
 
-    store = Path(store)
-    report = ExportReport(out=str(out))
+    if mode not in EXPORT_MODES:
+        raise ValueError(f"export mode must be one of {', '.join(EXPORT_MODES)}, not {mode!r}")
+    store = files.normalize(store)
+    target = spark_location(out)
+    local = files.normalize(out)
+    if mode == "errorifexists" and files.is_local(local) and os.path.exists(local):
+        raise JobFailedError(f"{out} already exists: choose --mode overwrite (replace it) or --mode append (add to it)")
+    report = ExportReport(out=target)
     report_tail(store, report.messages)
-    df = _reader(spark, partition_size).load(str(store))
+    df = _reader(spark, partition_size, start_offset, end_offset).load(store)
     # the UTC day whatever the session's time zone
     df = df.withColumn("day", F.expr("date_from_unix_date(CAST(floor(unix_millis(store_timestamp) / 86400000) AS INT))"))
-    with task_errors():
-        df.write.mode(mode).partitionBy("topic", "day").parquet(str(out))
+    with job_errors():
+        df.write.mode(mode).partitionBy("topic", "day").parquet(target)
     return report
 
 
@@ -54,7 +82,7 @@ def read_export(spark, out: str | os.PathLike):
     from .columns import SCHEMA
 
     schema = StructType(list(SCHEMA.fields) + [StructField("day", DateType())])
-    return spark.read.schema(schema).parquet(str(out))
+    return spark.read.schema(schema).parquet(spark_location(out))
 
 
 @dataclass
@@ -74,16 +102,25 @@ class StatsReport:
     messages: list[str] = field(default_factory=list)
 
 
-def stats(spark, store: str | os.PathLike, *, bucket_seconds: int = 60, partition_size=None) -> StatsReport:
+def stats(
+    spark,
+    store: str | os.PathLike,
+    *,
+    bucket_seconds: int = 60,
+    partition_size=None,
+    start_offset: int | None = None,
+    end_offset: int | None = None,
+) -> StatsReport:
     """Counts, bytes and store-time span per topic and per queue; message rates per bucket."""
     from pyspark.sql import functions as F
 
     if bucket_seconds < 1:
         raise ValueError(f"bucket must be at least one second, got {bucket_seconds}")
-    store = Path(store)
+    store = files.normalize(store)
     report = StatsReport(bucket_seconds=bucket_seconds)
     report_tail(store, report.messages)
-    df = _reader(spark, partition_size).option("columns", "topic,queue_id,size,store_timestamp").load(str(store))
+    df = _reader(spark, partition_size, start_offset, end_offset)
+    df = df.option("columns", "topic,queue_id,size,store_timestamp").load(store)
     df = df.cache()
     aggregates = [
         F.count(F.lit(1)).alias("messages"),
@@ -92,7 +129,7 @@ def stats(spark, store: str | os.PathLike, *, bucket_seconds: int = 60, partitio
         F.max("store_timestamp").alias("last"),
     ]
     try:
-        with task_errors():
+        with job_errors():
             for row in df.groupBy("topic").agg(*aggregates).collect():
                 report.topics[row.topic] = Totals(row.messages, row.bytes, row.first, row.last)
             for row in df.groupBy("topic", "queue_id").agg(*aggregates).collect():

@@ -5,12 +5,15 @@ its hash slot, across the whole file — so it is written by a single task: Spar
 in parallel, turns each record into its entries (UNIQ_KEY first, then every KEYS entry, then "T#tag"; ROLLBACK
 records get none, as the store's sink does), sorts them by commit-log offset into one partition,
 and that task appends them with the store's own `KeyIndex.append_entries`, so the files are
-byte-identical to what the store's dispatcher builds.
+byte-identical to what the store's dispatcher builds.  For an index directory that is not local
+(a URI), the task builds the files in a local temporary directory and copies them there.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +25,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from ..store import record
 from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, TAG_KEY_PREFIX, IndexFile, key_hashes
 from ..store.key_index import KeyIndex, index_paths
+from . import files
 
 SINK_NAME = "tidemq-keyindex"
 INDEX_COLUMNS = "topic,commit_log_offset,size,store_timestamp,unique_key,keys,tags,sysflag"
@@ -51,7 +55,19 @@ class IndexSummary(WriterCommitMessage):
 def append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int) -> IndexSummary:
     """Entries sorted by (commit-log offset, position in the record) into a fresh KeyIndex
     (what a retried task or an earlier run left there is removed first: KeyIndex appends)."""
-    shutil.rmtree(directory, ignore_errors=True)
+    files.remove_tree(directory)
+    if files.is_local(directory):
+        return _append_entries(batches, directory, hash_slots, max_entries)
+    building = tempfile.mkdtemp(prefix="tidemq-index-")
+    try:
+        summary = _append_entries(batches, os.path.join(building, "index"), hash_slots, max_entries)
+        files.upload_tree(os.path.join(building, "index"), directory)
+        return summary
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+
+
+def _append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int) -> IndexSummary:
     index = KeyIndex(Path(directory), hash_slots, max_entries)
     entries = 0
     try:
@@ -111,7 +127,7 @@ def key_entries(df):
     return entries.repartition(1).sortWithinPartitions("commit_log_offset", "pos")
 
 
-def write_key_index(spark, df, directory: Path, hash_slots: int | None, max_entries: int | None) -> None:
+def write_key_index(spark, df, directory: str, hash_slots: int | None, max_entries: int | None) -> None:
     """Append the entries of `df` (the source with INDEX_COLUMNS) into a new index at `directory`."""
     spark.dataSource.register(KeyIndexSink)
     (
@@ -120,5 +136,5 @@ def write_key_index(spark, df, directory: Path, hash_slots: int | None, max_entr
         .mode("append")
         .option("hashSlots", str(hash_slots or DEFAULT_HASH_SLOTS))
         .option("maxEntries", str(max_entries or DEFAULT_MAX_ENTRIES))
-        .save(str(directory.resolve()))
+        .save(directory)
     )

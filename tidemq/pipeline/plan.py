@@ -1,10 +1,12 @@
 """Planning a commit-log read: which logs, which segments, which record-aligned byte ranges.
 
 A path names a store directory (`{store}/commitlog/` inside) or a commitlog directory itself;
-each is one broker's log.  Every segment is cut into ranges of about `partition_size` bytes whose
-ends are record boundaries, found **in the planner** by walking the TOTALSIZE chain
-(`record.skip_records`: 8 bytes read per record, no decoding).  Records never span segments, so a
-range never does either.  A range holds the records that *start* inside it.
+each is one broker's log.  Paths may be local or URIs (`files`: file://, hdfs://, s3://).  Every
+segment is cut into ranges of about `partition_size` bytes whose ends are record boundaries,
+found **in the planner** by walking the TOTALSIZE chain (`record.skip_records`: 8 bytes read per
+record, no decoding; a remote segment is read through once for it, so remote logs default to one
+range per segment, which needs no walk).  Records never span segments, so a range never does
+either.  A range holds the records that *start* inside it.
 
 The last range of a segment runs to the segment's end (or the read's end offset), so the task
 reading it meets whatever ends the data there — a blank, zeros or damage — and reports it.
@@ -13,14 +15,13 @@ reading it meets whatever ends the data there — a blank, zeros or damage — a
 from __future__ import annotations
 
 import json
-import mmap
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyspark.sql.datasource import InputPartition
 
 from ..store import record
+from . import files
+from .files import Segment
 
 SEGMENT_NAME_LENGTH = 20
 DEFAULT_PARTITION_SIZE = 64 << 20
@@ -53,20 +54,22 @@ def resolve(paths: list[str], brokers: list[str] | None = None) -> list[CommitLo
     directory's name unless `brokers` names them).  A path with neither is the caller's error."""
     logs: list[CommitLogDir] = []
     for index, raw in enumerate(paths):
-        path = Path(raw).expanduser()
-        if (path / "commitlog").is_dir():
-            directory, store = path / "commitlog", path
-        elif path.is_dir() and (path.name == "commitlog" or _segment_files(path)):
-            directory, store = path, path.parent if path.name == "commitlog" else path
+        location = files.normalize(raw)
+        inside = files.join(location, "commitlog")
+        if files.is_dir(inside):
+            directory, store = inside, location
+        elif files.is_dir(location) and (files.basename(location) == "commitlog" or _segment_files(location)):
+            directory = location
+            store = files.parent(location) if files.basename(location) == "commitlog" else location
         else:
             raise ValueError(f"{raw}: neither a store directory (with commitlog/) nor a commit-log directory")
-        name = brokers[index] if brokers else (store.resolve().name or str(store))
-        logs.append(CommitLogDir(name, str(directory)))
+        name = brokers[index] if brokers else (files.basename(store) or store)
+        logs.append(CommitLogDir(name, directory))
     names = [log.broker for log in logs]
     if len(set(names)) != len(names):
         if brokers:
             raise ValueError(f"broker names must differ: {names}")
-        logs = [CommitLogDir(str(Path(log.directory).resolve().parent), log.directory) for log in logs]
+        logs = [CommitLogDir(files.parent(log.directory), log.directory) for log in logs]
     return logs
 
 
@@ -83,24 +86,33 @@ def paths_from_options(options) -> list[str]:
     return paths
 
 
-def _segment_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == SEGMENT_NAME_LENGTH)
+def _segment_files(directory: str) -> list[tuple[str, int]]:
+    return [
+        (name, size)
+        for name, size, is_dir in files.listdir(directory)
+        if not is_dir and name.isdigit() and len(name) == SEGMENT_NAME_LENGTH
+    ]
 
 
 def segments(directory: str) -> list[tuple[int, str, int]]:
-    """(start offset, path, file size) of each segment, oldest first."""
-    out = []
-    for path in _segment_files(Path(directory)):
-        out.append((int(path.name), str(path), path.stat().st_size))
-    return out
+    """(start offset, location, file size) of each segment, oldest first."""
+    return [(int(name), files.join(directory, name), size) for name, size in _segment_files(directory)]
 
 
-def map_segment(path: str) -> mmap.mmap | None:
-    """A read-only mapping of a segment file; None for an empty file."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return None
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def default_partition_size(logs: list[CommitLogDir]) -> int:
+    """64 MiB ranges for local logs; whole segments when a log is remote (no planner walk)."""
+    if all(files.is_local(log.directory) for log in logs):
+        return DEFAULT_PARTITION_SIZE
+    return NO_END
+
+
+def open_segment(location: str, start: int, size: int | None = None) -> Segment | None:
+    """A segment opened for reading; None for an empty file."""
+    segment = Segment(location, start, size)
+    if segment.size == 0:
+        segment.close()
+        return None
+    return segment
 
 
 def plan_log(
@@ -113,17 +125,17 @@ def plan_log(
     for seg_start, path, size in segments(log.directory):
         if seg_start + size <= start or seg_start >= end or size == 0:
             continue
-        limit = min(size, end - seg_start)  # relative to the segment
-        mm = map_segment(path)
-        if mm is None:
+        segment = open_segment(path, seg_start, size)
+        if segment is None:
             continue
-        with mm:
+        with segment:
+            limit = min(segment.size, end - seg_start)  # relative to the segment
             lo = 0
             if start > seg_start:
-                lo = start - seg_start if start_aligned else record.skip_records(mm, 0, start - seg_start)
+                lo = start - seg_start if start_aligned else segment.skip(0, start - seg_start)
             while lo < limit:
                 target = lo + partition_size
-                hi = record.skip_records(mm, lo, target) if target < limit else limit
+                hi = segment.skip(lo, target) if target < limit else limit
                 if hi < target or hi >= limit:
                     # the chain ends (or the read does) in this range: run it to the limit
                     hi = limit
@@ -152,14 +164,14 @@ def log_end(log: CommitLogDir, start: int, stop: int = NO_END) -> int:
                 break  # a gap in the segment files: the readable log ends before it
             position = seg_start  # older segments were deleted (retention)
         first = False
-        mm = map_segment(path)
-        if mm is None:
+        segment = open_segment(path, seg_start)
+        if segment is None:
             break
-        with mm:
+        with segment:
             pos = position - seg_start
             result = None
             while seg_start + pos < stop:
-                result = record.decode(mm, pos, base_offset=seg_start, read_body=False, read_properties=False)
+                result = segment.decode(pos, read_body=False, read_properties=False)
                 if type(result) is not record.Record:
                     break
                 pos += result.total_size
@@ -181,10 +193,10 @@ def record_boundary_from(log: CommitLogDir, offset: int) -> int:
     holding = [(seg_start, path) for seg_start, path, size in found if seg_start <= offset < seg_start + size]
     if holding:
         seg_start, path = holding[0]
-        mm = map_segment(path)
-        if mm is not None:
-            with mm:  # a record (or closing blank) that names this position: the common case
-                result = record.decode(mm, offset - seg_start, base_offset=seg_start, read_body=False, read_properties=False)
+        segment = open_segment(path, seg_start)
+        if segment is not None:
+            with segment:  # a record (or closing blank) that names this position: the common case
+                result = segment.decode(offset - seg_start, read_body=False, read_properties=False)
             if type(result) is record.EndOfSegment or (type(result) is record.Record and result.commit_log_offset == offset):
                 return offset
     walk_from = holding[0][0] if holding else (found[-1][0] if found else 0)
@@ -202,26 +214,26 @@ def tail_damage(log: CommitLogDir) -> record.Invalid | None:
     the newest non-empty segment's size chain (8 bytes per record) and decodes only the last
     record (CRC checked) and what follows it."""
     for seg_start, path, size in reversed(segments(log.directory)):
-        mm = map_segment(path)
-        if mm is None:
+        segment = open_segment(path, seg_start, size)
+        if segment is None:
             continue
-        with mm:
+        with segment:
             pos, last = 0, None
             while True:
-                following = record.skip_records(mm, pos, pos + 1)
+                following = segment.skip(pos, pos + 1)
                 if following == pos:
                     break
                 last, pos = pos, following
-            if last is None and pos == 0 and not any(mm[:8]):
+            if last is None and pos == 0 and not any(segment.read(0, 8)):
                 continue  # an empty segment: the tail is in an older one
             found = None
             if last is not None:
-                result = record.decode(mm, last, base_offset=seg_start, read_properties=False)
+                result = segment.decode(last, read_properties=False)
                 if type(result) is record.Invalid:
                     found = result
                 del result
             if found is None:
-                result = record.decode(mm, pos, base_offset=seg_start, read_properties=False)
+                result = segment.decode(pos, read_properties=False)
                 if type(result) is record.Invalid:
                     found = result
                 del result
@@ -233,16 +245,16 @@ def chain_end(log: CommitLogDir) -> int:
     """Where the newest segment's size chain ends (8 bytes read per record, nothing validated):
     a cheap bound on what has been written so far."""
     for seg_start, path, size in reversed(segments(log.directory)):
-        mm = map_segment(path)
-        if mm is None:
+        segment = open_segment(path, seg_start)
+        if segment is None:
             continue
-        with mm:
-            pos = record.skip_records(mm, 0, size)
-            if pos == 0 and not any(mm[:8]):
+        with segment:
+            pos = segment.skip(0, segment.size)
+            if pos == 0 and not any(segment.read(0, 8)):
                 continue
-            if pos < size:
-                ending = record.decode(mm, pos, base_offset=seg_start, read_body=False, read_properties=False)
+            if pos < segment.size:
+                ending = segment.decode(pos, read_body=False, read_properties=False)
                 if type(ending) is record.EndOfSegment:
-                    pos = size
+                    pos = segment.size
         return seg_start + pos
     return 0

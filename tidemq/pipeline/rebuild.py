@@ -13,7 +13,9 @@ with blank units (0, 0x7FFFFFFF, 0) below the entry.  `QueueFilesWriter` replays
 rule for every entry — write the slot unless it is below the queue's commit frontier — so even an
 odd log (a queue offset repeated or skipped) gives the same bytes.
 
-Tasks write the files themselves, so on a cluster `out` must be a filesystem every executor sees.
+Tasks write the files themselves, so on a cluster `out` must be a filesystem every executor sees:
+a shared path, or a URI (`files`: hdfs://, s3://, ...).  The store may be a URI too; rebuilding
+in place needs a local store (its lock is a local file lock).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -39,9 +42,11 @@ from ..store.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE
 from ..store.dispatch import spread_topic_directories
 from ..store.errors import StoreLockedError
 from ..store.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from . import SOURCE_NAME, files
 from . import plan as planning
 from .columns import arrow_schema, select_schema
-from .source import SOURCE_NAME, CommitLogDataSource, CommitLogReader, CorruptLogError, record_batches
+from .errors import job_errors
+from .source import CommitLogDataSource, CommitLogReader, record_batches
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +71,8 @@ class QueueFilesWriter:
     Files wholly below the commit frontier can no longer change and are written out at once, so
     memory holds about one file per queue being written."""
 
-    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int) -> None:
-        self.directory = Path(root) / topic / str(queue_id)
+    def __init__(self, root: str, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.directory = files.join(root, topic, str(queue_id))
         self.topic, self.queue_id = topic, queue_id
         self.units_per_file = units_per_file
         self.file_bytes = units_per_file * UNIT_SIZE
@@ -82,7 +87,7 @@ class QueueFilesWriter:
 
     def _start(self, first_offset: int) -> None:
         start = first_offset - first_offset % self.units_per_file
-        self.directory.mkdir(parents=True, exist_ok=True)
+        files.makedirs(self.directory)
         buf = self.buffers[start] = bytearray(self.file_bytes)
         count = first_offset - start
         buf[: count * UNIT_SIZE] = BLANK_UNIT * count
@@ -153,9 +158,7 @@ class QueueFilesWriter:
         # hole); only the bytes up to the last non-zero unit are written
         used = len(buf.rstrip(b"\0")) if buf[-1:] == b"\0" else len(buf)
         used += -used % UNIT_SIZE
-        with open(self.directory / file_name(start * UNIT_SIZE), "wb") as f:
-            f.write(memoryview(buf)[:used])
-            f.truncate(self.file_bytes)
+        files.write_file(files.join(self.directory, file_name(start * UNIT_SIZE)), memoryview(buf)[:used], self.file_bytes)
         self.files += 1
 
     def close(self) -> tuple:
@@ -248,7 +251,7 @@ def write_queue_files(batches: Iterator[pa.RecordBatch], root: str, units_per_fi
             if writer is None or (writer.topic, writer.queue_id) != (topic, queue_id):
                 if writer is not None:
                     summaries.append(writer.close())
-                writer = QueueFilesWriter(Path(root), topic, queue_id, units_per_file)
+                writer = QueueFilesWriter(root, topic, queue_id, units_per_file)
             writer.add(np.frombuffer(queue_offsets, ">i8"), np.frombuffer(units, UNIT_DTYPE))
     if writer is not None:
         summaries.append(writer.close())
@@ -295,14 +298,20 @@ class RebuildReport:
     messages: list[str] = field(default_factory=list)
 
 
-def units_per_file_of(store: Path) -> int | None:
+def units_per_file_of(store: str) -> int | None:
     """The units per file of a store's existing consume-queue files (they keep their size)."""
-    root = store / "consumequeue"
-    if not root.is_dir():
+    root = files.join(store, "consumequeue")
+    if not files.is_dir(root):
         return None
-    for path in root.glob("*/*/*"):
-        if path.name.isdigit() and len(path.name) == 20 and path.stat().st_size >= UNIT_SIZE:
-            return path.stat().st_size // UNIT_SIZE
+    for topic, _, topic_is_dir in files.listdir(root):
+        if not topic_is_dir:
+            continue
+        for queue, _, queue_is_dir in files.listdir(files.join(root, topic)):
+            if not queue_is_dir:
+                continue
+            for name, size, is_dir in files.listdir(files.join(root, topic, queue)):
+                if not is_dir and name.isdigit() and len(name) == 20 and size >= UNIT_SIZE:
+                    return size // UNIT_SIZE
     return None
 
 
@@ -324,22 +333,8 @@ def stopped_store(store: Path):
         os.close(fd)  # releases the lock
 
 
-@contextlib.contextmanager
-def task_errors():
-    """A CorruptLogError raised in a Spark task arrives wrapped in Java exceptions: unwrap it."""
-    try:
-        yield
-    except CorruptLogError:
-        raise
-    except Exception as exc:
-        match = re.search(r"CorruptLogError: (.*)", str(exc))
-        if match:
-            raise CorruptLogError(match.group(1).strip()) from None
-        raise
-
-
-def report_tail(store: Path, messages: list[str]) -> None:
-    for commit_log in planning.resolve([str(store)]):
+def report_tail(store: str, messages: list[str]) -> None:
+    for commit_log in planning.resolve([store]):
         bad = planning.tail_damage(commit_log)
         if bad is not None:
             msg = (
@@ -362,67 +357,74 @@ def rebuild(
     max_entries: int | None = None,
     partition_size: int | str | None = None,
     queue_partitions: int | None = None,
+    start_offset: int | None = None,
+    end_offset: int | None = None,
 ) -> RebuildReport:
     """Build the indexes of `store` from its commit log: `out/consumequeue/` and (with
     `key_index`) `out/index/`, laid out as in a store; or with `in_place` replace the stopped
     store's own.  File geometry (units per file, hash slots, entries per index file) is taken
-    from the store's existing files when not given, else the defaults."""
+    from the store's existing files when not given, else the defaults.  `start_offset` /
+    `end_offset` bound the commit-log range read (as the source's startOffset / endOffset)."""
     from .key_index import INDEX_COLUMNS, index_geometry, write_key_index
 
-    store = Path(store)
+    store = files.normalize(store)
     if in_place == (out is not None):
         raise ValueError("rebuild needs exactly one of an output directory or in_place")
-    if not (store / "commitlog").is_dir():
+    if in_place and not files.is_local(store):
+        raise ValueError(f"{store}: an in-place rebuild needs a local store (it takes the store's lock); use --out")
+    if not files.is_dir(files.join(store, "commitlog")):
         raise FileNotFoundError(f"{store}: no commitlog directory")
     units_per_file = units_per_file or units_per_file_of(store) or DEFAULT_UNITS_PER_FILE
-    geometry = index_geometry(store / "index") or (None, None)
+    geometry = (index_geometry(Path(store) / "index") if files.is_local(store) else None) or (None, None)
     hash_slots, max_entries = hash_slots or geometry[0], max_entries or geometry[1]
-    lock = stopped_store(store) if in_place else contextlib.nullcontext()
+    lock = stopped_store(Path(store)) if in_place else contextlib.nullcontext()
     with lock:
-        target = store / "rebuild.tmp" if in_place else Path(out)
-        if in_place and target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True, exist_ok=True)
-        report = RebuildReport(out=str(store if in_place else target))
+        target = os.path.join(store, "rebuild.tmp") if in_place else files.normalize(out)
+        if in_place:
+            shutil.rmtree(target, ignore_errors=True)
+        files.makedirs(target)
+        report = RebuildReport(out=store if in_place else target)
         report_tail(store, report.messages)
 
-        def read(columns: str):
-            reader = spark.read.format(SOURCE_NAME).option("columns", columns).option("checkCRC", "true")
-            if partition_size is not None:
-                reader = reader.option("partitionSize", str(partition_size))
-            return reader.load(str(store))
+        def reader(source: str):
+            read = spark.read.format(source).option("checkCRC", "true")
+            for option, value in (("partitionSize", partition_size), ("startOffset", start_offset), ("endOffset", end_offset)):
+                if value is not None:
+                    read = read.option(option, str(value))
+            return read
 
         spark.dataSource.register(QueueUnitsSource)
-        reader = spark.read.format(UNITS_SOURCE).option("checkCRC", "true")
-        if partition_size is not None:
-            reader = reader.option("partitionSize", str(partition_size))
-        df = reader.load(str(store))
+        df = reader(UNITS_SOURCE).load(store)
         df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
         df = df.sortWithinPartitions("topic", "queue_id", "first_offset")
-        queues_dir = target / "consumequeue"
-        queues_dir.mkdir(exist_ok=True)
-        spread_topic_directories(queues_dir)  # as the store marks its own (the topics' directories spread)
-        summary = target / f".summary-{os.getpid()}.json"
+        queues_dir = files.join(target, "consumequeue")
+        files.makedirs(queues_dir)
+        if files.is_local(queues_dir):
+            spread_topic_directories(Path(queues_dir))  # as the store marks its own (the topics' directories spread)
+        # the driver-side commit leaves the per-queue summaries here (the driver's machine)
+        summary_dir = tempfile.mkdtemp(prefix="tidemq-rebuild-")
+        summary = Path(summary_dir) / "summary.json"
         spark.dataSource.register(ConsumeQueueSink)
         try:
-            with task_errors():
+            with job_errors():
                 (
                     df.write.format(SINK_NAME)
                     .mode("append")
                     .option("unitsPerFile", str(units_per_file))
-                    .option("summaryFile", str(summary.resolve()))
-                    .save(str(queues_dir.resolve()))
+                    .option("summaryFile", str(summary))
+                    .save(queues_dir)
                 )
             report.queues = [tuple(r) for r in json.loads(summary.read_text())]
         finally:
-            summary.unlink(missing_ok=True)
+            shutil.rmtree(summary_dir, ignore_errors=True)
         report.entries = sum(r[2] for r in report.queues)
         if key_index:
-            with task_errors():
-                write_key_index(spark, read(INDEX_COLUMNS), target / "index", hash_slots, max_entries)
-            report.key_index = str((store if in_place else target) / "index")
+            with job_errors():
+                entries = reader(SOURCE_NAME).option("columns", INDEX_COLUMNS).load(store)
+                write_key_index(spark, entries, files.join(target, "index"), hash_slots, max_entries)
+            report.key_index = files.join(store if in_place else target, "index")
         if in_place:
-            _swap_in(store, target, ["consumequeue"] + (["index"] if key_index else []))
+            _swap_in(Path(store), Path(target), ["consumequeue"] + (["index"] if key_index else []))
     return report
 
 

@@ -6,7 +6,8 @@
     spark.readStream.format("tidemq-commitlog").option("paths", json.dumps([a, b])).load()
 
 Options (all optional):
-    partitionSize   bytes of commit log per task (default 64 MiB; suffixes k, m, g)
+    partitionSize   bytes of commit log per task (default 64 MiB, or a whole segment for a remote
+                    log; suffixes k, m, g)
     startOffset     read records whose commit-log offset is >= this (per broker)
     endOffset       ... and < this
     columns         comma-separated subset of the columns to produce (column pruning: PySpark 4.3
@@ -28,6 +29,7 @@ as the store refuses to open such a log; `endOffset=<that offset>` reads what pr
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Iterator
 
@@ -35,17 +37,16 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from ..store import record
+from . import SOURCE_NAME
 from . import columns as cols
 from . import plan as planning
+from .errors import CorruptLogError
+from .files import Segment
 from .plan import NO_END, CommitLogDir, SegmentRange
 
 log = logging.getLogger(__name__)
 
-SOURCE_NAME = "tidemq-commitlog"
-
-
-class CorruptLogError(RuntimeError):
-    """An invalid record with valid records after it (the environment's fault: a damaged file)."""
+__all__ = ["SOURCE_NAME", "CorruptLogError", "CommitLogDataSource", "read_range", "record_batches"]
 
 
 def parse_size(text: str) -> int:
@@ -86,24 +87,27 @@ class ReadSettings:
 
 def record_batches(part: SegmentRange, settings: ReadSettings) -> Iterator[list[record.Record]]:
     """Decode the records starting in `part`, in lists of up to `batch_size` records.  Bodies are
-    views into the segment's mapping: use them before asking for the next list."""
+    views into the segment's bytes: use them before asking for the next list."""
     if not isinstance(part, SegmentRange):
         return  # Spark reads one placeholder partition when the plan has none (an empty log)
-    mm = planning.map_segment(part.path)
-    if mm is None:
+    segment = planning.open_segment(part.path, part.segment_start)
+    if segment is None:
         return
     base = part.segment_start
     pos = part.lo - base
     stop = part.hi - base
-    decode = record.decode
+    options = {"check_crc": settings.check_crc, "read_body": settings.read_body, "read_properties": settings.read_properties}
+    if segment.whole:  # a mapping of the whole segment: the store's decoder straight over it
+        decode = functools.partial(record.decode, segment.buf, base_offset=base, **options)
+    else:
+        decode = functools.partial(segment.decode, **options)
     Record = record.Record
-    check_crc, read_body, read_properties = settings.check_crc, settings.read_body, settings.read_properties
     batch: list[record.Record] = []
     batch_bytes = 0
     result = None
     try:
         while pos < stop:
-            result = decode(mm, pos, base_offset=base, check_crc=check_crc, read_body=read_body, read_properties=read_properties)
+            result = decode(pos)
             if type(result) is Record:
                 batch.append(result)
                 pos += result.total_size
@@ -113,16 +117,13 @@ def record_batches(part: SegmentRange, settings: ReadSettings) -> Iterator[list[
                     batch, batch_bytes = [], 0
                 continue
             if type(result) is record.Invalid:
-                _report_invalid(part, mm, result)
+                _report_invalid(part, segment, result)
             break
         if batch:
             yield batch
     finally:
-        del batch, result
-        try:
-            mm.close()
-        except BufferError:  # a consumer still holds a view; the mapping goes with it
-            pass
+        del batch, result, decode
+        segment.close()
 
 
 def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
@@ -136,33 +137,35 @@ def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
         yield cols.to_batch(batch, part.broker, settings.schema, pa_schema)
 
 
-def valid_records_after(directory: str, segment_start: int, mm, bad: record.Invalid) -> int:
+def valid_records_after(directory: str, segment: Segment, bad: record.Invalid) -> int:
     """Like recovery: look at the record the invalid one's declared size points to, and at the
     first record of every later segment."""
     found = 0
-    if bad.size >= 91 and bad.offset + bad.size < segment_start + len(mm):
-        after = record.decode(mm, bad.offset + bad.size - segment_start, base_offset=segment_start, read_properties=False)
+    following = bad.offset + bad.size - segment.start
+    if bad.size >= 91 and following < segment.size:
+        after = segment.decode(following, read_properties=False)
         found += type(after) is record.Record
-    for start, path, _ in planning.segments(directory):
-        if start <= segment_start:
+    for start, path, size in planning.segments(directory):
+        if start <= segment.start:
             continue
-        other = planning.map_segment(path)
+        other = planning.open_segment(path, start, size)
         if other is None:
             continue
         with other:
-            first = record.decode(other, 0, base_offset=start, read_properties=False)
+            first = other.decode(0, read_properties=False)
             found += type(first) is record.Record
             del first
     return found
 
 
-def _report_invalid(part: SegmentRange, mm, bad: record.Invalid) -> None:
-    after = valid_records_after(part.directory, part.segment_start, mm, bad)
+def _report_invalid(part: SegmentRange, segment: Segment, bad: record.Invalid) -> None:
+    after = valid_records_after(part.directory, segment, bad)
     if after:
         raise CorruptLogError(
             f"broker {part.broker}: corrupt record at commit-log offset {bad.offset} ({bad.reason}) "
             f"with {after}+ valid record(s) after it; the read stops there. Read the records before it "
-            f"with the option endOffset={bad.offset}, or repair the store (`tidemq store repair`)"
+            f"with endOffset={bad.offset} (`--end-offset {bad.offset}` on the command line), or repair the "
+            f"store (`tidemq store repair`)"
         )
     log.warning(
         "broker %s: torn tail at commit-log offset %d (%s): the read stops at the last valid record, "
@@ -208,7 +211,8 @@ class CommitLogReader(DataSourceReader):
     def __init__(self, logs: list[CommitLogDir], options, schema: StructType) -> None:
         self.logs = logs
         self.settings = ReadSettings(options, schema)
-        self.partition_size = parse_size(str(options.get("partitionSize", planning.DEFAULT_PARTITION_SIZE)))
+        size = options.get("partitionSize")
+        self.partition_size = parse_size(str(size)) if size else planning.default_partition_size(logs)
         self.start = int(options.get("startOffset", 0))
         self.end = int(options.get("endOffset", NO_END))
 

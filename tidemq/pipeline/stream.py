@@ -24,7 +24,8 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, logs: list[CommitLogDir], options, schema: StructType) -> None:
         self.logs = logs
         self.settings = ReadSettings(options, schema)
-        self.partition_size = parse_size(str(options.get("partitionSize", planning.DEFAULT_PARTITION_SIZE)))
+        size = options.get("partitionSize")
+        self.partition_size = parse_size(str(size)) if size else planning.default_partition_size(logs)
         self.starting = str(options.get("startingOffsets", "earliest")).strip().lower()
         if self.starting not in ("earliest", "latest") and not self.starting.isdigit():
             raise ValueError(f"startingOffsets must be earliest, latest or an offset, not {self.starting!r}")

@@ -8,8 +8,6 @@ import inspect
 import json
 import logging
 
-import grpc
-
 from ...broker import Broker, BrokerError, admin, lookups
 from .transport import UNARY, Method
 
@@ -66,7 +64,10 @@ async def _awaited(result) -> dict:
 
 
 def admin_call(address: str, method: str, timeout: float = 10.0, **arguments):
-    """Call the admin service of a running broker (synchronous; for the CLI)."""
+    """Call the admin service of a running broker (synchronous; for the CLI, so grpcio is
+    imported here, never by a broker)."""
+    import grpc
+
     with grpc.insecure_channel(address) as channel:
         stub = channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_encode, response_deserializer=_decode)
         answer = stub(arguments, timeout=timeout)

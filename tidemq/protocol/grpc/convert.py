@@ -5,9 +5,6 @@ from __future__ import annotations
 from functools import lru_cache
 from hashlib import md5
 
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
 from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker import priority as priorities
@@ -15,6 +12,7 @@ from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
 from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED, TransactionCheck
 from ...broker.validation import RESERVED_PROPERTIES
 from ...store import record
+from .stubs import pb, svc
 
 MESSAGE_TYPE_NAMES = {
     pb.NORMAL: "NORMAL", pb.FIFO: "FIFO", pb.DELAY: "DELAY", pb.TRANSACTION: "TRANSACTION",

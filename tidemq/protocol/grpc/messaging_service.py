@@ -12,11 +12,9 @@ import functools
 import inspect
 import logging
 
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-
 from ...broker import Broker, BrokerError, Code, ReceiveRequest, validation
 from . import convert
+from .stubs import pb, svc
 from .transport import BIDI_STREAM, SERVER_STREAM, UNARY, Method, Rpc
 
 log = logging.getLogger(__name__)
