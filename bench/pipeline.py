@@ -10,7 +10,11 @@ Writes a commit log of about `--mb` MB through the real store, then, in one run,
   the decode rate of Spark tasks (a full read of the rebuild's columns into a no-op sink, local[1]),
   i.e. per core;
 - the Arrow path (read() yields pyarrow.RecordBatch) against yielding rows, all columns, local[1]
-  (on the first 64 MB).
+  (on the first 64 MB);
+- rebuild and read throughput on a Spark standalone cluster on 127.0.0.1 (master and one worker
+  started from the pyspark package) with two executors of one core each, whose Python is a
+  separate virtualenv without tidemq (tidemq shipped to them as pure Python), on the same log.
+  `--no-cluster` leaves it out.
 
 Targets (issue 5): local[2] >= 1.6x local[1]; Spark-task decode within 2x of the store's own
 single-thread rate per core.  The machine is shared and has 2 cores: compare within one run;
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pipeline"))
 
 from tidemq.pipeline import spark_session  # noqa: E402
 from tidemq.pipeline import plan as planning  # noqa: E402
@@ -35,6 +40,7 @@ from tidemq.pipeline.rebuild import UNIT_COLUMNS, rebuild  # noqa: E402
 from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
 from tidemq.store.commit_log import CommitLog  # noqa: E402
 from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
+from spark_cluster import StandaloneCluster, worker_python  # noqa: E402
 
 SEGMENT = 64 << 20
 UNITS_PER_FILE = 300_000
@@ -89,11 +95,18 @@ def store_decode(store: Path, **options) -> tuple[float, int]:
     return time.perf_counter() - t0, count
 
 
-def session(master: str):
-    spark = spark_session(
-        master,
-        {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "2g"},
-    )
+CLUSTER = "cluster"
+
+
+def session(master: str, cluster: StandaloneCluster | None = None):
+    conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "2g"}
+    if master == CLUSTER:
+        master = cluster.url
+        conf.update({
+            "spark.pyspark.python": worker_python(), "spark.executor.cores": "1", "spark.cores.max": "2",
+            "spark.executor.memory": "1g", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        })  # fmt: skip
+    spark = spark_session(master, conf)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -120,11 +133,13 @@ def main() -> None:
     parser.add_argument("--partition-size", default="32m", help="bytes of log per Spark task")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (masters alternate); the best of each is kept")
     parser.add_argument("--dir", help="work directory (default: a temporary one)")
+    parser.add_argument("--no-cluster", action="store_true", help="local masters only")
     args = parser.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="tidemq-bench-pipeline-"))
     root.mkdir(parents=True, exist_ok=True)
     store = root / "store"
     best: dict[str, float] = {}
+    cluster: StandaloneCluster | None = None
 
     def keep(name: str, seconds: float) -> None:
         best[name] = min(seconds, best.get(name, float("inf")))
@@ -139,13 +154,16 @@ def main() -> None:
         warm = root / "warm"
         write_log(warm, 1, args.body)
         records = 0
+        masters = ["local[1]", "local[2]"] + ([] if args.no_cluster else [CLUSTER])
+        if not args.no_cluster:
+            cluster = StandaloneCluster(root / "cluster", cores=2, memory="2g").start()
         for round_ in range(args.repeat):
             shutil.rmtree(root / "dispatcher", ignore_errors=True)
             keep("dispatch", store_dispatch(store, root / "dispatcher", size))
             seconds, records = store_decode(store, check_crc=True, read_body=False, read_properties=True)
             keep("store decode", seconds)
-            for master in ("local[1]", "local[2]"):
-                spark = session(master)
+            for master in masters:
+                spark = session(master, cluster)
                 # warm up the JVM, its classes and the Python workers on a small store before timing
                 for _ in range(2):
                     shutil.rmtree(root / "warm-out", ignore_errors=True)
@@ -154,7 +172,7 @@ def main() -> None:
                     keep(f"tiny rebuild {master}", time.perf_counter() - t)
                 keep(f"tiny read {master}", timed_read(spark, store, args.partition_size, endOffset=str(1 << 20)))
                 keep(f"tiny read {master}", timed_read(spark, store, args.partition_size, endOffset=str(1 << 20)))
-                out = root / f"rebuild-{master[6]}"
+                out = root / f"rebuild-{master.strip('local[]')}"
                 shutil.rmtree(out, ignore_errors=True)
                 t = time.perf_counter()
                 rebuild(spark, store, out, units_per_file=UNITS_PER_FILE, key_index=False, partition_size=args.partition_size)
@@ -168,14 +186,14 @@ def main() -> None:
 
         print(f"{'store dispatcher (1 thread):':<34}{mb / best['dispatch']:8.1f} MB/s  ({records / best['dispatch']:,.0f} records/s)")
         print(f"{'store decode (1 thread):':<34}{mb / best['store decode']:8.1f} MB/s  ({records / best['store decode']:,.0f} records/s)")
-        for name in ("rebuild local[1]", "rebuild local[2]"):
+        for name in [f"rebuild {m}" for m in masters]:
             print(f"{name + ' (Spark):':<34}{mb / best[name]:8.1f} MB/s  (byte-identical to the dispatcher)")
-        for name in ("decode local[1]", "decode local[2]"):
+        for name in [f"decode {m}" for m in masters]:
             print(f"{name + ' (Spark read):':<34}{mb / best[name]:8.1f} MB/s  ({records / best[name]:,.0f} records/s)")
         overhead = best["tiny read local[1]"]
         marginal = best["decode local[1]"] - overhead
         print(f"{'  job overhead (1 MB read):':<34}{overhead:8.2f} s;  tasks alone: {mb / marginal:.1f} MB/s")
-        print(f"{'  fixed cost (rebuild of 1 MB):':<34}{best['tiny rebuild local[1]']:8.2f} s local[1], {best['tiny rebuild local[2]']:.2f} s local[2]")
+        print(f"{'  fixed cost (rebuild of 1 MB):':<34}" + ", ".join(f"{best[f'tiny rebuild {m}']:.2f} s {m}" for m in masters))
         for name in ("arrow local[1]", "rows local[1]"):
             print(f"{name + ', all columns:':<34}{slice_end / 1e6 / best[name]:8.1f} MB/s  (first {slice_end / 1e6:.0f} MB)")
         print()
@@ -186,7 +204,14 @@ def main() -> None:
         print(f"rebuild local[1] vs store dispatcher:  {best['dispatch'] / best['rebuild local[1]']:.2f}x the dispatcher's speed")
         print(f"rebuild local[2] vs store dispatcher:  {best['dispatch'] / best['rebuild local[2]']:.2f}x the dispatcher's speed")
         print(f"Arrow batches vs rows:                 {best['rows local[1]'] / best['arrow local[1]']:.2f}x faster")
+        if CLUSTER in masters:
+            print(f"rebuild cluster (2 executors) / local[1]: {best['rebuild local[1]'] / best['rebuild cluster']:.2f}x, "
+                  f"/ local[2]: {best['rebuild local[2]'] / best['rebuild cluster']:.2f}x")
+            print(f"read    cluster (2 executors) / local[1]: {best['decode local[1]'] / best['decode cluster']:.2f}x, "
+                  f"/ local[2]: {best['decode local[2]'] / best['decode cluster']:.2f}x")
     finally:
+        if cluster is not None:
+            cluster.stop()
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
+import zipfile
 from collections import Counter
 from datetime import datetime, timezone
 
@@ -11,6 +14,8 @@ from tidemq.cli import main
 from tidemq.pipeline import JavaNotFoundError
 from tidemq.pipeline.export import read_export, stats
 from tidemq.pipeline.session import find_java, spark_session
+
+from pipeline_logs import SEGMENT_SIZE
 
 
 def test_export_round_trips_every_column(spark, written_store, tmp_path, capsys):
@@ -82,3 +87,84 @@ def test_local_sessions_stay_on_loopback(spark):
     assert spark.conf.get("spark.driver.host") == "127.0.0.1"
     assert spark.conf.get("spark.driver.bindAddress") == "127.0.0.1"
     assert spark.sparkContext.uiWebUrl is None or "127.0.0.1" in spark.sparkContext.uiWebUrl
+
+
+def test_export_into_an_existing_folder_refuses_or_takes_a_mode(spark, written_store, tmp_path, capsys):
+    store, messages, _ = written_store
+    out = tmp_path / "export"
+    out.mkdir()
+    conf = ["--master", "local[2]", "--partition-size", "32k", "--no-progress", "--end-offset", str(16 * 1024)]
+    assert main(["pipeline", "export", "--store", str(store), "--out", str(out), *conf]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already exists" in err[0] and "--mode overwrite" in err[0] and "--mode append" in err[0]
+    assert list(out.iterdir()) == []
+    assert main(["pipeline", "export", "--store", str(store), "--out", str(out), "--mode", "append", *conf]) == 0
+    first = read_export(spark, out).count()
+    assert 0 < first < len(messages)
+    assert main(["pipeline", "export", "--store", str(store), "--out", str(out), "--mode", "append", *conf]) == 0
+    assert read_export(spark, out).count() == 2 * first
+    assert main(["pipeline", "export", "--store", str(store), "--out", str(out), "--mode", "overwrite", *conf]) == 0
+    assert read_export(spark, out).count() == first
+
+
+def test_offsets_bound_the_read_and_stages_report_progress(written_store, capsys):
+    store, messages, results = written_store
+    start, end = results[200].commit_log_offset + 1, results[900].commit_log_offset
+    argv = ["pipeline", "stats", "--store", str(store), "--master", "local[2]", "--partition-size", "32k"]
+    assert main([*argv, "--start-offset", str(start), "--end-offset", str(end)]) == 0
+    captured = capsys.readouterr()
+    # records starting at or after the first record boundary >= start, and before end
+    inside = [m for m, r in zip(messages, results) if start <= r.commit_log_offset < end]
+    assert len(inside) == 699
+    for topic, count in Counter(m.topic for m in inside).items():
+        assert f"  {topic:<40} {count:>10} msgs" in captured.out
+    stages = [line for line in captured.err.splitlines() if line.startswith("[stage ")]
+    assert stages and all(" done: " in line or " tasks  (" in line for line in stages)
+    assert sum(" done: " in line for line in stages) >= 3  # the source's read and the aggregations
+
+
+def test_a_corrupt_record_fails_the_job_in_one_line_naming_the_offset(written_store, tmp_path, capsys):
+    store, messages, results = written_store
+    copy = tmp_path / "broker-a"
+    shutil.copytree(store, copy)
+    victim = next(r for r in results[400:] if r.size > 200)
+    segment = copy / "commitlog" / f"{victim.commit_log_offset - victim.commit_log_offset % SEGMENT_SIZE:020d}"
+    data = bytearray(segment.read_bytes())
+    data[victim.commit_log_offset % SEGMENT_SIZE + 120] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    argv = ["pipeline", "stats", "--store", str(copy), "--master", "local[2]", "--partition-size", "32k", "--no-progress"]
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert f"corrupt record at commit-log offset {victim.commit_log_offset}" in err[0]
+    assert f"--end-offset {victim.commit_log_offset}" in err[0] and "tidemq store repair" in err[0] and "-v" in err[0]
+    assert main(["-v", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("tidemq: broker broker-a: corrupt record")
+    assert main([*argv, "--end-offset", str(victim.commit_log_offset)]) == 0
+    out = capsys.readouterr().out
+    counted = sum(int(line.split()[1]) for line in out.split("queues:")[0].splitlines()[1:])
+    assert counted == results.index(victim)
+
+
+def test_the_executors_python_is_the_callers_choice(monkeypatch):
+    from tidemq.pipeline import session
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert session.executor_python("local[2]", {}) == sys.executable
+    assert session.executor_python("spark://h:7077", {}) is None  # Spark's own default, python3
+    assert session.executor_python("spark://h:7077", {"spark.pyspark.python": "/opt/py/bin/python"}) == "/opt/py/bin/python"
+    monkeypatch.setenv("PYSPARK_PYTHON", "/env/python")
+    assert session.executor_python("local[2]", {}) == "/env/python"
+    assert session.executor_python("local[2]", {"spark.pyspark.python": "/conf/python"}) == "/conf/python"
+    # a cluster master gets tidemq's pure-Python package in spark.submit.pyFiles, after the caller's
+    conf = session.session_conf("spark://h:7077", {"spark.submit.pyFiles": "deps.zip"})
+    deps, shipped = conf["spark.submit.pyFiles"].split(",")
+    assert deps == "deps.zip" and shipped.endswith(".zip")
+    with zipfile.ZipFile(shipped) as archive:
+        names = archive.namelist()
+    assert "tidemq/store/record.py" in names and "tidemq/pipeline/source.py" in names
+    assert not [n for n in names if not n.endswith(".py")]  # no compiled parts: any platform runs it
+    assert "spark.submit.pyFiles" not in session.session_conf("local[2]", {})
+    assert "spark.submit.pyFiles" not in session.session_conf("spark://h:7077", {"spark.tidemq.shipPackage": "false"})

@@ -83,4 +83,5 @@ class StageProgress:
             thread.join()
             with contextlib.suppress(Exception):
                 self.poll(final=True)
-            self.context.setLocalProperty("spark.jobGroup.id", None)
+            for key in ("spark.jobGroup.id", "spark.job.description"):
+                self.context.setLocalProperty(key, None)
