@@ -184,6 +184,7 @@ def upload_tree(local_directory: str, location: str) -> None:
     from pyarrow import fs
 
     filesystem_, path = filesystem(location)
+    filesystem_.create_dir(path, recursive=True)
     fs.copy_files(local_directory, path, destination_filesystem=filesystem_)
 
 
