@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import zipfile
 from collections import Counter
@@ -11,7 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from tidemq.cli import main
-from tidemq.pipeline import JavaNotFoundError
+from tidemq.pipeline import CorruptLogError, JavaNotFoundError, JobFailedError
+from tidemq.pipeline.errors import explain
 from tidemq.pipeline.export import read_export, stats
 from tidemq.pipeline.session import find_java, spark_session
 
@@ -168,3 +170,34 @@ def test_the_executors_python_is_the_callers_choice(monkeypatch):
     assert not [n for n in names if not n.endswith(".py")]  # no compiled parts: any platform runs it
     assert "spark.submit.pyFiles" not in session.session_conf("local[2]", {})
     assert "spark.submit.pyFiles" not in session.session_conf("spark://h:7077", {"spark.tidemq.shipPackage": "false"})
+
+
+def test_the_callers_spark_pyspark_python_is_used_and_a_bad_one_is_one_line(written_store, tmp_path):
+    store = written_store[0]
+    missing = tmp_path / "no-such-python"
+    command = [sys.executable, "-m", "tidemq.cli", "pipeline", "stats", "--store", str(store), "--master", "local[1]",
+               "--no-progress", "--conf", f"spark.pyspark.python={missing}"]  # fmt: skip
+    child = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert child.returncode == 2
+    last = child.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"tidemq: Spark cannot start the Python '{missing}'") and "spark.pyspark.python=PATH" in last
+    assert "Traceback" not in child.stderr
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("py4j.protocol.Py4JJavaError: ...\nPythonException: ...\ntidemq.pipeline.errors.CorruptLogError: broker b: corrupt record at commit-log offset 7",
+         "broker b: corrupt record at commit-log offset 7"),
+        ('java.io.IOException: Cannot run program "/opt/py": error=2', "Spark cannot start the Python '/opt/py'"),
+        ("ModuleNotFoundError: No module named 'pyarrow'", "the workers' Python has no module 'pyarrow'"),
+        ("ModuleNotFoundError: No module named 'tidemq.store'", "Spark's workers cannot import tidemq.store"),
+        ("[PATH_ALREADY_EXISTS] Path file:/tmp/out already exists. Set mode", "file:/tmp/out already exists: choose --mode"),
+        ("org.apache.spark.SparkException: Job aborted\nTraceback ...\nValueError: option batchSize bad\n\tat org.apache...",
+         "the Spark job failed: ValueError: option batchSize bad"),
+    ],
+)  # fmt: skip
+def test_spark_failures_are_explained_in_one_line(text, expected):
+    explained = explain(text)
+    assert str(explained).startswith(expected) and "\n" not in str(explained)
+    assert isinstance(explained, CorruptLogError if "Corrupt" in text else JobFailedError)

@@ -120,10 +120,10 @@ def _one_line_errors(func):
             print(f"tidemq: {PIPELINE_EXTRA}", file=sys.stderr)
             return 2
         except (JavaNotFoundError, CorruptLogError, JobFailedError) as exc:
-            cause = exc.__cause__
-            if cause is not None and getattr(args, "verbose", False):
+            cause, verbose = exc.__cause__, getattr(args, "verbose", False)
+            if cause is not None and verbose:
                 traceback.print_exception(cause, file=sys.stderr)
-            hint = " (tidemq -v pipeline ... shows Spark's traceback)" if cause is not None and not args.verbose else ""
+            hint = " (tidemq -v pipeline ... shows Spark's traceback)" if cause is not None and not verbose else ""
             print(f"tidemq: {exc}{hint}", file=sys.stderr)
             return 2
 

@@ -66,10 +66,10 @@ def export(
         raise JobFailedError(f"{out} already exists: choose --mode overwrite (replace it) or --mode append (add to it)")
     report = ExportReport(out=target)
     report_tail(store, report.messages)
-    df = _reader(spark, partition_size, start_offset, end_offset).load(store)
-    # the UTC day whatever the session's time zone
-    df = df.withColumn("day", F.expr("date_from_unix_date(CAST(floor(unix_millis(store_timestamp) / 86400000) AS INT))"))
-    with job_errors():
+    with job_errors():  # the source plans (in Python, started by Spark) when it is loaded
+        df = _reader(spark, partition_size, start_offset, end_offset).load(store)
+        # the UTC day whatever the session's time zone
+        df = df.withColumn("day", F.expr("date_from_unix_date(CAST(floor(unix_millis(store_timestamp) / 86400000) AS INT))"))
         df.write.mode(mode).partitionBy("topic", "day").parquet(target)
     return report
 
@@ -119,9 +119,9 @@ def stats(
     store = files.normalize(store)
     report = StatsReport(bucket_seconds=bucket_seconds)
     report_tail(store, report.messages)
-    df = _reader(spark, partition_size, start_offset, end_offset)
-    df = df.option("columns", "topic,queue_id,size,store_timestamp").load(store)
-    df = df.cache()
+    with job_errors():
+        df = _reader(spark, partition_size, start_offset, end_offset)
+        df = df.option("columns", "topic,queue_id,size,store_timestamp").load(store).cache()
     aggregates = [
         F.count(F.lit(1)).alias("messages"),
         F.sum("size").alias("bytes"),

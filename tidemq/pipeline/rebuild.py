@@ -394,7 +394,8 @@ def rebuild(
             return read
 
         spark.dataSource.register(QueueUnitsSource)
-        df = reader(UNITS_SOURCE).load(store)
+        with job_errors():  # the source plans (in Python, started by Spark) when it is loaded
+            df = reader(UNITS_SOURCE).load(store)
         df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
         df = df.sortWithinPartitions("topic", "queue_id", "first_offset")
         queues_dir = files.join(target, "consumequeue")
