@@ -49,7 +49,7 @@ def write_store(directory, messages: list[Message]):
     """Write `messages` through the real store (its dispatcher builds the consume queues)."""
     with MessageStore(directory, store_config()) as store:
         results = [store.put(m) for m in messages]
-        assert store.wait_dispatched()
+        assert store.wait_dispatched(timeout=300)  # a loaded machine dispatches slowly
     return results
 
 

@@ -179,8 +179,9 @@ def test_the_callers_spark_pyspark_python_is_used_and_a_bad_one_is_one_line(writ
                "--no-progress", "--conf", f"spark.pyspark.python={missing}"]  # fmt: skip
     child = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert child.returncode == 2
-    last = child.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"tidemq: Spark cannot start the Python '{missing}'") and "spark.pyspark.python=PATH" in last
+    said = [line for line in child.stderr.splitlines() if line.startswith("tidemq:")]
+    assert len(said) == 1, child.stderr[-3000:]
+    assert said[0].startswith(f"tidemq: Spark cannot start the Python '{missing}'") and "spark.pyspark.python=PATH" in said[0]
     assert "Traceback" not in child.stderr
 
 

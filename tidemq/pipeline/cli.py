@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import sys
 import traceback
 
@@ -23,7 +24,9 @@ def _session(args: argparse.Namespace):
     conf.setdefault("spark.ui.showConsoleProgress", "false")  # the stage lines below say it
     spark = spark_session(args.master, conf)
     # Spark's own log repeats a task's failure with its whole traceback: kept for -v
-    spark.sparkContext.setLogLevel("WARN" if getattr(args, "verbose", False) else "FATAL")
+    verbose = getattr(args, "verbose", False)
+    spark.sparkContext.setLogLevel("WARN" if verbose else "FATAL")
+    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.WARNING)
     return spark
 
 
