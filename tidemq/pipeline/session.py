@@ -134,8 +134,21 @@ def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
     for key, value in session_conf(master, conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    shipped = [f for f in spark.sparkContext.getConf().get("spark.submit.pyFiles", "").split(",") if f]
+    if shipped and not is_local(master) and Path(shipped[-1]).name.startswith("tidemq-"):
+        ensure_shipped(spark.sparkContext, shipped[-1])
     register(spark)
     return spark
+
+
+def ensure_shipped(context, path: str) -> None:
+    """Make the executors fetch the zip at `path`.  Only the first context of a JVM distributes
+    `spark.submit.pyFiles` (spark-submit does, when it starts the JVM): a later one, started after
+    `stop()`, adds it as a file here.  Data sources registered afterwards carry it among their
+    Python includes."""
+    name = Path(path).name
+    if not any(Path(added).name == name for added in context.listFiles):
+        context.addPyFile(path)
 
 
 def register(spark) -> None:
