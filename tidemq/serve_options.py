@@ -37,6 +37,12 @@ class ServeOptions:
     tls_cert: str = ""
     tls_key: str = ""
     priority_retry_first_percent: int = 0
+    # HTTP/2 limits (docs/http2.md)
+    max_concurrent_streams: int = 1000
+    idle_timeout_ms: int = 120_000
+    preface_timeout_ms: int = 10_000
+    write_stall_timeout_ms: int = 30_000
+    max_connections: int = 4096
 
 
 # flag, config key (RocketMQ's name where one exists), option, help
@@ -78,6 +84,15 @@ OPTIONS = [
     ("--tls-cert", "tlsCertPath", "tls_cert", "PEM certificate (chain) for TLS (default: a self-signed one "
      "created under STORE/config/tls/)"),
     ("--tls-key", "tlsKeyPath", "tls_key", "PEM private key of --tls-cert"),
+    ("--max-concurrent-streams", "grpcMaxConcurrentStreams", "max_concurrent_streams",
+     "streams (calls) one connection may have open at once (default 1000)"),
+    ("--idle-timeout-ms", "grpcClientIdleTimeMills", "idle_timeout_ms",
+     "a connection without a call this long is closed (default 120000)"),
+    ("--preface-timeout-ms", "grpcPrefaceTimeoutMillis", "preface_timeout_ms",
+     "time a new connection gets to start HTTP/2 (default 10000)"),
+    ("--write-stall-timeout-ms", "grpcWriteStallTimeoutMillis", "write_stall_timeout_ms",
+     "a client that reads nothing of what is written to it this long is dropped (default 30000)"),
+    ("--max-connections", "grpcMaxConnections", "max_connections", "connections served at once (default 4096)"),
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -131,3 +146,12 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     if not 0 <= options.priority_retry_first_percent <= 100:
         raise ValueError(f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}")
     return options
+
+
+def http2_limits(options: ServeOptions):
+    """The HTTP/2 server's limits that `options` set."""
+    from .protocol.http2 import Limits
+
+    return Limits(max_concurrent_streams=options.max_concurrent_streams, idle_timeout_s=options.idle_timeout_ms / 1000,
+                  preface_timeout_s=options.preface_timeout_ms / 1000,
+                  write_stall_timeout_s=options.write_stall_timeout_ms / 1000, max_connections=options.max_connections)

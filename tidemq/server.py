@@ -17,12 +17,12 @@ import sys
 from .broker import Broker, BrokerConfig
 from .certificate import certificate_files, certificate_hosts
 from .protocol.grpc import GrpcServer, MessagingService, admin_methods
-from .protocol.grpc.transport import DEFAULT_MAX_RECEIVE_MESSAGE
 from .protocol.tls import OFF, SniffingListener, server_context
-from .serve_options import ServeOptions, resolve_options
+from .serve_options import ServeOptions, http2_limits, resolve_options
 from .store import MessageStore, StoreConfig, raise_open_file_limit
 
 log = logging.getLogger("tidemq.server")
+INFLATED_ENVELOPE = 64 << 10  # a request's octets besides the body: properties, names, the protobuf framing
 
 
 class Server:
@@ -62,9 +62,11 @@ class Server:
         self.broker.start(loop)
         service = self.service = MessagingService(self.broker)
         # the broker judges a body's size (and answers MESSAGE_BODY_TOO_LARGE): the transport's own
-        # limit is well above it
+        # limit is well above it; a compressed request inflates to a body and its envelope at most
         server = GrpcServer({**service.methods(), **admin_methods(self.broker)},
-                            max_receive_message_length=max(DEFAULT_MAX_RECEIVE_MESSAGE, 4 * self.options.max_message_size))
+                            max_receive_message_length=4 * self.options.max_message_size,
+                            max_inflated_message_length=self.options.max_message_size + INFLATED_ENVELOPE,
+                            limits=http2_limits(self.options))
         self.port = await server.start(self.options.listen, listener)
         host = self.options.listen.rpartition(":")[0]
         service.listen_address = f"{host}:{self.port}"
