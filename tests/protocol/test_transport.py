@@ -31,6 +31,7 @@ class Service:
         self.cancelled = threading.Event()
         self.unwritten: list[int] = []
         self.release = asyncio.Event()
+        self.mute_read = threading.Event()
 
     def methods(self) -> dict[str, Method]:
         table = {
@@ -41,6 +42,7 @@ class Service:
             "Slow": Method(UNARY, self.slow, _identity, _identity),
             "Repeat": Method(SERVER_STREAM, self.repeat, _identity, _identity),
             "Chat": Method(BIDI_STREAM, self.chat, _identity, _identity),
+            "Mute": Method(BIDI_STREAM, self.mute, _identity, _identity),
         }
         return {SERVICE + name: m for name, m in table.items()}
 
@@ -73,6 +75,12 @@ class Service:
         count, size = map(int, request.split(b":"))
         rpc.on_unwritten = self.unwritten.append
         return [bytes([i % 251]) * size for i in range(count)]
+
+    async def mute(self, rpc) -> None:
+        """Reads nothing until `mute_read` is set, then everything."""
+        await asyncio.get_running_loop().run_in_executor(None, self.mute_read.wait)
+        while await rpc.read() is not None:
+            pass
 
     async def chat(self, rpc) -> None:
         while True:
@@ -379,6 +387,123 @@ def test_a_whole_request_over_the_limit_in_one_frame_is_refused_with_one_reset()
         try:
             await loop.run_in_executor(None, client_side)
         finally:
+            await server.stop(1.0)
+
+    asyncio.run(scenario())
+
+
+def _statuses(client: RawClient, frames_got) -> dict[int, str]:
+    statuses = {}
+    for t, _, s, p in frames_got:
+        if t == 1:
+            fields = dict(client.decoder.decode(p))
+            if "grpc-status" in fields:
+                statuses[s] = fields["grpc-status"]
+            elif ":status" in fields:
+                statuses[s] = fields[":status"]
+    return statuses
+
+
+def test_a_request_that_is_not_grpc_is_answered_once_it_is_read(served):
+    client = RawClient(served[1])
+    try:
+        get = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+            (":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "test")))
+        client.sock.sendall(frame(1, 0x4, 1, get) + frame(6, 0, 0, b"pingpong"))
+        before_end = client.frames(lambda f: f[0] == 6 and f[1] & 0x1)  # everything handled up to the PING
+        assert [f for f in before_end if f[2] == 1] == []  # nothing on the stream yet
+        client.sock.sendall(frame(0, 0x1, 1, b"ignored body"))
+        got = client.frames(lambda f: f[0] == 0 and f[1] & 0x1 and f[2] == 1)
+        assert _statuses(client, got) == {1: "405"}
+        assert b"gRPC" in b"".join(p for t, _, s, p in got if t == 0)
+        assert not [f for f in got if f[0] == 3]  # read whole: no RST_STREAM
+    finally:
+        client.close()
+
+
+def test_a_compressed_request_inflating_beyond_the_limit_is_resource_exhausted():
+    import gzip
+
+    async def scenario():
+        server = GrpcServer(Service().methods(), max_receive_message_length=1 << 20, max_inflated_message_length=10_000)
+        port = await server.start("127.0.0.1:0")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                echo = ch.unary_unary(SERVICE + "Echo")
+                assert await echo(b"z" * 10_000, compression=grpc.Compression.Gzip) == b"z" * 10_000
+                with pytest.raises(grpc.RpcError) as bomb:
+                    await echo(b"z" * 10_001, compression=grpc.Compression.Gzip)
+                assert bomb.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            await server.stop(1.0)
+        assert len(gzip.compress(b"z" * 10_001)) < 100  # what was sent was small
+
+    asyncio.run(scenario())
+
+
+def test_incomplete_requests_a_connection_holds_are_bounded():
+    from tidemq.protocol.http2 import Limits
+
+    async def scenario():
+        server = GrpcServer(Service().methods(), max_receive_message_length=1000, limits=Limits(max_request_buffer=2500))
+        port = await server.start("127.0.0.1:0")
+        loop = asyncio.get_running_loop()
+
+        def client_side():
+            client = RawClient(f"127.0.0.1:{port}")
+            try:
+                block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+                    (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Echo"), (":authority", "test"),
+                    ("content-type", "application/grpc")))
+                for stream_id in (1, 3, 5):  # 900 of a 1000-octet message each, not finished
+                    client.sock.sendall(frame(1, 0x4, stream_id, block)
+                                        + frame(0, 0, stream_id, struct.pack(">BI", 0, 1000) + b"q" * 900))
+                got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1)
+                assert _statuses(client, got) == {5: str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])}
+                client.sock.sendall(frame(0, 0x1, 1, b"q" * 100))  # the others go on
+                got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
+                assert _statuses(client, got)[1] == "0"
+            finally:
+                client.close()
+
+        try:
+            await loop.run_in_executor(None, client_side)
+        finally:
+            await server.stop(1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_bidi_stream_gets_window_back_only_as_its_handler_reads():
+    from tidemq.protocol.http2 import Limits
+
+    async def scenario():
+        service = Service()
+        server = GrpcServer(service.methods(), limits=Limits(stream_window=100_000))  # WINDOW_UPDATE per 25,000
+        port = await server.start("127.0.0.1:0")
+
+        def client_side():
+            client = RawClient(f"127.0.0.1:{port}")
+            try:
+                block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+                    (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Mute"), (":authority", "test"),
+                    ("content-type", "application/grpc")))
+                body = struct.pack(">BI", 0, 20_000) + b"m" * 20_000
+                pieces = frame(0, 0, 1, body[:16384]) + frame(0, 0, 1, body[16384:])
+                client.sock.sendall(frame(1, 0x4, 1, block) + pieces + pieces)  # 2 messages, not read
+                client.sock.sendall(frame(6, 0, 0, b"pingpong"))
+                got = client.frames(lambda f: f[0] == 6 and f[1] & 0x1)  # all of it handled
+                assert [f for f in got if f[0] == 8 and f[2] == 1] == []  # no WINDOW_UPDATE for the stream
+                service.mute_read.set()  # the handler reads: the window comes back
+                got = client.frames(lambda f: f[0] == 8 and f[2] == 1)
+                assert struct.unpack(">I", got[-1][3])[0] == 2 * 20_005
+            finally:
+                client.close()
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, client_side)
+        finally:
+            service.mute_read.set()
             await server.stop(1.0)
 
     asyncio.run(scenario())

@@ -29,9 +29,13 @@ import functools
 import logging
 import struct
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+try:  # zlib-ng inflates about ten times faster: the event loop's turn is shorter
+    from zlib_ng import zlib_ng as zlib
+except ImportError:  # pragma: no cover - a dependency, but the standard zlib does the same
+    import zlib
 
 from ..http2 import (DataReceived, DataSent, H2Connection, Limits, ProtocolError, RequestReceived, StreamClosed,
                      StreamReset, TrailersReceived)
