@@ -24,7 +24,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)  # the repository, not
 from hpack import Decoder as ReferenceDecoder  # noqa: E402
 from hpack import Encoder  # noqa: E402
 
-from tidemq.protocol.grpc.hpack import Decoder  # noqa: E402
+from tidemq.protocol.http2.hpack import Decoder  # noqa: E402
 
 
 def request_blocks(requests: int, huffman: bool) -> list[bytes]:

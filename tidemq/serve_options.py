@@ -145,6 +145,7 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     options.tls = _TLS_MODES[options.tls]
     if not 0 <= options.priority_retry_first_percent <= 100:
         raise ValueError(f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}")
+    http2_limits(options)  # refuses a limit out of its range
     return options
 
 

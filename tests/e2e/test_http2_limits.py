@@ -318,3 +318,20 @@ def test_preface_and_idle_timeouts_and_the_connection_cap(server):
         assert 0 < served <= 48 - 2  # the producer and the idle connection hold two of the 48
         assert goaway_code(idle.frames_until_closed()) == NO_ERROR  # told it was idle, then closed
         idle.close()
+
+
+def test_limits_are_set_by_flags_and_config_keys(tmp_path):
+    import argparse
+
+    from tidemq.serve_options import add_serve_arguments, http2_limits, resolve_options
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    config = tmp_path / "tidemq.toml"
+    config.write_text("grpcMaxConcurrentStreams = 64\ngrpcClientIdleTimeMills = 5000\ngrpcPrefaceTimeoutMillis = 2000\n"
+                      "grpcWriteStallTimeoutMillis = 7000\ngrpcMaxConnections = 10\n")
+    limits = http2_limits(resolve_options(parser.parse_args(["--config", str(config), "--max-connections", "20"])))
+    assert (limits.max_concurrent_streams, limits.idle_timeout_s, limits.preface_timeout_s,
+            limits.write_stall_timeout_s, limits.max_connections) == (64, 5.0, 2.0, 7.0, 20)
+    with pytest.raises(ValueError, match="max_concurrent_streams"):
+        resolve_options(parser.parse_args(["--max-concurrent-streams", "0"]))

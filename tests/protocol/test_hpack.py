@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemq.protocol.grpc.hpack import Decoder, HpackError, encode_indexed_name, encode_integer, encode_literal
+from tidemq.protocol.http2.hpack import Decoder, HpackError, encode_indexed_name, encode_integer, encode_literal
 
 
 def block(hex_dump: str) -> bytes:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemq.protocol.grpc.hpack import encode_literal
+from tidemq.protocol.http2.hpack import encode_literal
 from tidemq.protocol.http2 import (DataReceived, DataSent, H2Connection, Limits, ProtocolError, RequestReceived,
                                    StreamClosed, StreamReset, TrailersReceived)
 from tidemq.protocol.http2 import frames as f

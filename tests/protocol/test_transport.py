@@ -12,7 +12,7 @@ import time
 import grpc
 import pytest
 
-from tidemq.protocol.grpc import hpack
+from tidemq.protocol.http2 import hpack
 from tidemq.protocol.grpc.transport import BIDI_STREAM, SERVER_STREAM, UNARY, GrpcServer, Method
 
 SERVICE = "/test.Transport/"

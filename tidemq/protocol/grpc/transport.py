@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - a dependency, but the standard zlib do
 from ..http2 import (DataReceived, DataSent, H2Connection, Limits, ProtocolError, RequestReceived, StreamClosed,
                      StreamReset, TrailersReceived)
 from ..http2 import frames
-from . import hpack
+from ..http2 import hpack
 
 log = logging.getLogger(__name__)
 

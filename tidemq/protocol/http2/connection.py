@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import re
 
-from ..grpc import hpack
+from . import hpack
 from . import frames as f
 from .limits import Limits
 
