@@ -152,10 +152,10 @@ def address(server: ServerProcess) -> tuple[str, int]:
 
 
 def test_continuation_flood(server):
+    flood = frame(HEADERS, 0, 1, request_block()) + frame(CONTINUATION, 0, 1) * 100_000  # 900 KB
     with SteadyProducer(server):
         for _ in range(20):
             attacker = Attacker(address(server))
-            flood = frame(HEADERS, 0, 1, request_block()) + frame(CONTINUATION, 0, 1) * 100_000  # 900 KB
             attacker.send(flood)
             assert goaway_code(attacker.frames_until_closed()) == ENHANCE_YOUR_CALM
             attacker.close()
@@ -175,9 +175,10 @@ def test_rapid_reset(server):
 
 def test_max_concurrent_streams(server):
     block = request_block()
+    streams = b"".join(frame(HEADERS, END_HEADERS, i, block) for i in range(1, 400_000, 2))  # 200,000 streams
     with SteadyProducer(server):
         attacker = Attacker(address(server))
-        attacker.send(b"".join(frame(HEADERS, END_HEADERS, i, block) for i in range(1, 400_000, 2)))  # 200,000 streams
+        attacker.send(streams)
         got = attacker.frames_until_closed()
         attacker.close()
     refused = [s for t, _, s, p in got if t == RST_STREAM and struct.unpack(">I", p)[0] == REFUSED_STREAM]
@@ -207,13 +208,13 @@ def test_gzip_bomb(server):
     message = struct.pack(">BI", 1, len(bomb)) + bomb
     block = request_block(**{"grpc-encoding": "gzip", "x-mq-client-id": "attacker"})
     decoder = hpack.Decoder()
+    wire = b""
+    for i in range(1, 41, 2):  # 20 requests
+        wire += frame(HEADERS, END_HEADERS, i, block)
+        wire += b"".join(frame(DATA, 0, i, message[j:j + 16384]) for j in range(0, len(message), 16384))
+        wire += frame(DATA, END_STREAM, i)
     with SteadyProducer(server):
         attacker = Attacker(address(server))
-        wire = b""
-        for i in range(1, 41, 2):  # 20 requests
-            wire += frame(HEADERS, END_HEADERS, i, block)
-            wire += b"".join(frame(DATA, 0, i, message[j:j + 16384]) for j in range(0, len(message), 16384))
-            wire += frame(DATA, END_STREAM, i)
         attacker.send(wire)
         attacker.sock.settimeout(10)
         statuses = {}

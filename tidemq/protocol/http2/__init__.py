@@ -1,6 +1,6 @@
 """HTTP/2 (RFC 9113), server side: a pure frame codec (`frames`), a sans-I/O connection that owns
 stream and flow-control state (`connection`), and the limits it enforces (`limits`).  The gRPC
-transport (`tidemq.protocol.grpc.transport`) is the asyncio adapter on top."""
+server (`tidemq.protocol.grpc`) runs on it through an asyncio adapter."""
 
 from .connection import (DataReceived, DataSent, H2Connection, ProtocolError, RequestReceived, StreamClosed,
                          StreamReset, TrailersReceived)

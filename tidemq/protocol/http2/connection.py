@@ -1,6 +1,6 @@
 """The server side of one HTTP/2 connection (RFC 9113), sans I/O: bytes in, events out
 (`receive_data`); calls in, bytes out (`send_*`, then `data_to_send`).  No socket, no clock, no
-asyncio: the adapter (`grpc/transport.py`) moves the bytes and keeps the time.
+asyncio: the adapter (`grpc/adapter.py`) moves the bytes and keeps the time.
 
 The connection owns every stream's state and both directions of flow control:
 - a stream is open from the client's HEADERS until both sides have ended it or either reset it;
@@ -21,20 +21,16 @@ connection goes on.  Every quantity a client controls is bounded by `Limits`.
 from __future__ import annotations
 
 import collections
-import re
 
-from . import hpack
 from . import frames as f
+from . import hpack
+from .events import DataReceived, DataSent, RequestReceived, StreamClosed, StreamReset, TrailersReceived
+from .headers import StreamError, check_request_headers, check_trailers
 from .limits import Limits
 
 __all__ = ["DataReceived", "DataSent", "H2Connection", "ProtocolError", "RequestReceived", "StreamClosed",
            "StreamReset", "TrailersReceived"]
 
-REQUEST_PSEUDO_HEADERS = frozenset((":method", ":scheme", ":path", ":authority"))
-CONNECTION_SPECIFIC = frozenset(("connection", "proxy-connection", "keep-alive", "transfer-encoding", "upgrade"))
-_VALID_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+\Z").match  # RFC 9110 token, lowercase (RFC 9113 §8.2.1)
-_INVALID_VALUE = re.compile(r"[\x00\r\n]|\A[ \t]|[ \t]\Z").search  # RFC 9113 §8.2.1
-_KNOWN_NAMES_KEPT = 4096  # valid field names remembered (a set lookup instead of a match)
 _CLOSED_IDS_KEPT = 4096  # closed streams remembered for precise errors on late frames
 
 
@@ -45,63 +41,6 @@ class ProtocolError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class _StreamError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-# -- events --
-
-class RequestReceived:
-    """A client opened stream `stream_id` with valid request headers."""
-    __slots__ = ("stream_id", "headers", "end_stream")
-
-    def __init__(self, stream_id: int, headers: list, end_stream: bool) -> None:
-        self.stream_id, self.headers, self.end_stream = stream_id, headers, end_stream
-
-
-class DataReceived:
-    """Request octets; `flow_length` of them are to be acknowledged once consumed."""
-    __slots__ = ("stream_id", "data", "end_stream")
-
-    def __init__(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        self.stream_id, self.data, self.end_stream = stream_id, data, end_stream
-
-
-class TrailersReceived:
-    """The client ended its side of `stream_id` with a header block (its fields are dropped)."""
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
-
-
-class StreamReset:
-    """`stream_id` ended before the server finished it: reset by the client (`remote`) or by the
-    server for a stream error.  `unsent`: the tokens of the DATA it never sent."""
-    __slots__ = ("stream_id", "error_code", "remote", "unsent")
-
-    def __init__(self, stream_id: int, error_code: int, remote: bool, unsent: list) -> None:
-        self.stream_id, self.error_code, self.remote, self.unsent = stream_id, error_code, remote, unsent
-
-
-class DataSent:
-    """The DATA queued with `token` on `stream_id` has been sent."""
-    __slots__ = ("stream_id", "token")
-
-    def __init__(self, stream_id: int, token) -> None:
-        self.stream_id, self.token = stream_id, token
-
-
-class StreamClosed:
-    """The server's END_STREAM on `stream_id`, which waited for flow-control window, is sent."""
-    __slots__ = ("stream_id",)
-
-    def __init__(self, stream_id: int) -> None:
-        self.stream_id = stream_id
 
 
 class _Stream:
@@ -119,61 +58,6 @@ class _Stream:
         self.trailers: bytes | None = None  # a header block sent with END_STREAM after `outbound`
         self.content_length: int | None = None
         self.data_length = 0
-
-
-def check_request_headers(headers: list[tuple[str, str]], known_names: set) -> int | None:
-    """RFC 9113 §8.2-8.3 for a request's header list: raises _StreamError(PROTOCOL_ERROR) if it is
-    malformed; returns its content-length, if it has one."""
-    pseudo: dict[str, str] = {}
-    regular = False
-    content_length = None
-    for name, value in headers:
-        if name[:1] == ":":
-            if regular:
-                raise _StreamError(f.PROTOCOL_ERROR, f"pseudo-header {name} after a regular field")
-            if name not in REQUEST_PSEUDO_HEADERS:
-                raise _StreamError(f.PROTOCOL_ERROR, f"pseudo-header {name} in a request")
-            if name in pseudo:
-                raise _StreamError(f.PROTOCOL_ERROR, f"pseudo-header {name} twice")
-            pseudo[name] = value
-        else:
-            regular = True
-            _check_field(name, known_names)
-            if name in CONNECTION_SPECIFIC:
-                raise _StreamError(f.PROTOCOL_ERROR, f"connection-specific field {name}")
-            if name == "te" and value != "trailers":
-                raise _StreamError(f.PROTOCOL_ERROR, f"te: {value!r} (only 'trailers' is allowed)")
-            if name == "content-length":
-                if not value.isdigit() or (content_length is not None and int(value) != content_length):
-                    raise _StreamError(f.PROTOCOL_ERROR, f"content-length: {value!r}")
-                content_length = int(value)
-        if _INVALID_VALUE(value):
-            raise _StreamError(f.PROTOCOL_ERROR, f"the value of {name} has a forbidden character or space")
-    if pseudo.get(":method") == "CONNECT":
-        if ":scheme" in pseudo or ":path" in pseudo or ":authority" not in pseudo:
-            raise _StreamError(f.PROTOCOL_ERROR, "CONNECT with :scheme or :path, or without :authority")
-    elif ":method" not in pseudo or ":scheme" not in pseudo or not pseudo.get(":path"):
-        raise _StreamError(f.PROTOCOL_ERROR, "a request without :method, :scheme or a non-empty :path")
-    return content_length
-
-
-def _check_trailers(headers: list[tuple[str, str]], known_names: set) -> None:
-    for name, value in headers:
-        if name[:1] == ":":
-            raise _StreamError(f.PROTOCOL_ERROR, f"pseudo-header {name} in trailers")
-        _check_field(name, known_names)
-        if name in CONNECTION_SPECIFIC:
-            raise _StreamError(f.PROTOCOL_ERROR, f"connection-specific field {name} in trailers")
-        if _INVALID_VALUE(value):
-            raise _StreamError(f.PROTOCOL_ERROR, f"the value of {name} has a forbidden character or space")
-
-
-def _check_field(name: str, known_names: set) -> None:
-    if name not in known_names:
-        if not _VALID_NAME(name):
-            raise _StreamError(f.PROTOCOL_ERROR, f"field name {name!r} is not a lowercase token")
-        if len(known_names) < _KNOWN_NAMES_KEPT:
-            known_names.add(name)
 
 
 class H2Connection:
@@ -464,13 +348,13 @@ class H2Connection:
                 return
             try:
                 if self_dependent:
-                    raise _StreamError(f.PROTOCOL_ERROR, "a stream depending on itself")
+                    raise StreamError(f.PROTOCOL_ERROR, "a stream depending on itself")
                 if not end:
-                    raise _StreamError(f.PROTOCOL_ERROR, "a second header block that does not end the stream")
-                _check_trailers(headers, self._known_names)
+                    raise StreamError(f.PROTOCOL_ERROR, "a second header block that does not end the stream")
+                check_trailers(headers, self._known_names)
                 if stream.content_length is not None and stream.data_length != stream.content_length:
-                    raise _StreamError(f.PROTOCOL_ERROR, "content-length differs from the DATA received")
-            except _StreamError as exc:
+                    raise StreamError(f.PROTOCOL_ERROR, "content-length differs from the DATA received")
+            except StreamError as exc:
                 self._stream_error(stream_id, exc.code, events)
                 return
             stream.remote_closed = True
@@ -494,9 +378,9 @@ class H2Connection:
             return
         try:
             if self_dependent:
-                raise _StreamError(f.PROTOCOL_ERROR, "a stream depending on itself")
+                raise StreamError(f.PROTOCOL_ERROR, "a stream depending on itself")
             content_length = check_request_headers(headers, self._known_names)
-        except _StreamError as exc:
+        except StreamError as exc:
             self._refuse(stream_id, exc.code)
             return
         stream = self.streams[stream_id] = _Stream(stream_id, self.initial_send_window, self.limits.stream_window)
