@@ -171,22 +171,22 @@ class Connection(asyncio.Protocol):
         if rpc.method.kind == BIDI_STREAM:
             rpc.received += data
             self._read_messages(rpc)
-            if rpc.messages:  # unread: given back once the handler reads them
+            if rpc.messages and not rpc.cancelled:  # unread: given back once the handler reads them
                 rpc.unacknowledged += len(data)
             else:
                 self.acknowledge(rpc, len(data))
-        elif data:
+        elif data:  # taken into the request message (within the limits) or dropped with the call
+            self.h2.acknowledge_received_data(stream_id, len(data))
             received = rpc.received
             received += data
+            self.buffered += len(data)
             limit = self.server.max_receive_message_length
             if len(received) >= 5 and (_U32.unpack_from(received, 1)[0] > limit or len(received) > limit + 5):
                 self._refuse(rpc, RESOURCE_EXHAUSTED, f"request message larger than the server accepts ({limit} bytes)")
                 return
-            self.buffered += len(data)
             if self.buffered > self.server.max_request_buffer:
                 self._refuse(rpc, RESOURCE_EXHAUSTED, "the connection holds too many incomplete requests")
                 return
-            self.h2.acknowledge_received_data(stream_id, len(data))
         if event.end_stream:
             self._on_end(stream_id)
 
@@ -346,6 +346,9 @@ class Connection(asyncio.Protocol):
         if rpc.received is not None and rpc.method.kind != BIDI_STREAM:
             self.buffered -= len(rpc.received)
             rpc.received = None
+        if rpc.unacknowledged:  # a bidi stream's unread octets: nobody will read them
+            self.h2.acknowledge_received_data(rpc.stream_id, rpc.unacknowledged)
+            rpc.unacknowledged = 0
         if cancelled and not rpc.cancelled:
             rpc.cancelled = True
             if rpc.stream_id in self.h2.streams:
