@@ -61,6 +61,19 @@ class Attacker:
         except OSError:
             return False
 
+    def received(self, data: bytes) -> list[tuple[int, int, int, bytes]]:
+        """The frames `data` completes: (type, flags, stream id, payload)."""
+        self.buffer += data
+        got = []
+        while len(self.buffer) >= 9:
+            length_type, flags, stream_id = FRAME.unpack_from(self.buffer)
+            end = 9 + (length_type >> 8)
+            if len(self.buffer) < end:
+                break
+            got.append((length_type & 0xFF, flags, stream_id & 0x7FFFFFFF, self.buffer[9:end]))
+            self.buffer = self.buffer[end:]
+        return got
+
     def frames_until_closed(self, timeout: float = 20.0) -> list[tuple[int, int, int, bytes]]:
         """Every frame the server sends until it closes the connection."""
         got = []
@@ -70,14 +83,7 @@ class Attacker:
                 data = self.sock.recv(1 << 16)
             except ConnectionResetError:
                 data = b""
-            self.buffer += data
-            while len(self.buffer) >= 9:
-                length_type, flags, stream_id = FRAME.unpack_from(self.buffer)
-                end = 9 + (length_type >> 8)
-                if len(self.buffer) < end:
-                    break
-                got.append((length_type & 0xFF, flags, stream_id & 0x7FFFFFFF, self.buffer[9:end]))
-                self.buffer = self.buffer[end:]
+            got += self.received(data)
             if not data:
                 return got
 
@@ -219,18 +225,9 @@ def test_gzip_bomb(server):
         attacker.sock.settimeout(10)
         statuses = {}
         while len(statuses) < 20:
-            got = []
             data = attacker.sock.recv(1 << 16)
             assert data, "the server closed the connection"
-            attacker.buffer += data
-            while len(attacker.buffer) >= 9:
-                length_type, flags, stream_id = FRAME.unpack_from(attacker.buffer)
-                end = 9 + (length_type >> 8)
-                if len(attacker.buffer) < end:
-                    break
-                got.append((length_type & 0xFF, flags, stream_id, attacker.buffer[9:end]))
-                attacker.buffer = attacker.buffer[end:]
-            for t, fl, s, p in got:
+            for t, fl, s, p in attacker.received(data):
                 if t == HEADERS:
                     fields = dict(decoder.decode(p))
                     if "grpc-status" in fields:
@@ -272,14 +269,7 @@ def test_flow_control_bounds_what_a_connection_buffers(server):
                     break
             except TimeoutError:
                 data = b""
-            attacker.buffer += data
-            while len(attacker.buffer) >= 9:
-                length_type, flags, stream_id = FRAME.unpack_from(attacker.buffer)
-                end = 9 + (length_type >> 8)
-                if len(attacker.buffer) < end:
-                    break
-                t, payload = length_type & 0xFF, attacker.buffer[9:end]
-                attacker.buffer = attacker.buffer[end:]
+            for t, flags, stream_id, payload in attacker.received(data):
                 if t == SETTINGS and not flags & 1:
                     initial = dict(struct.iter_unpack(">HI", payload)).get(4)
                     if initial:

@@ -203,6 +203,25 @@ def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     return FRAME.pack(len(payload) << 8 | ftype, flags, stream_id) + payload
 
 
+def request_block(path: str) -> bytes:
+    return b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
+        (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "test"),
+        ("content-type", "application/grpc"), ("te", "trailers")))
+
+
+def serve_and_run(client_side, service: "Service | None" = None, **server_options) -> None:
+    """Run `client_side(address)` on a thread against a GrpcServer of its own."""
+    async def scenario():
+        server = GrpcServer((service or Service()).methods(), **server_options)
+        port = await server.start("127.0.0.1:0")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, client_side, f"127.0.0.1:{port}")
+        finally:
+            await server.stop(1.0)
+
+    asyncio.run(scenario())
+
+
 class RawClient:
     """Just enough HTTP/2 to misbehave."""
 
@@ -215,9 +234,7 @@ class RawClient:
         self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, settings))
 
     def request(self, stream_id: int, path: str, message: bytes, end: bool = True) -> None:
-        block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "test"),
-            ("content-type", "application/grpc"), ("te", "trailers")))
+        block = request_block(path)
         body = struct.pack(">BI", 0, len(message)) + message
         self.sock.sendall(frame(1, 0x4, stream_id, block) + frame(0, 0x1 if end else 0, stream_id, body))
 
@@ -364,32 +381,22 @@ def test_a_request_arriving_in_pieces_of_any_size(served):
 def test_a_whole_request_over_the_limit_in_one_frame_is_refused_with_one_reset():
     """A request whose only DATA frame ends the stream goes the one-message way: the size limit
     holds there too.  A refused request still being sent is reset once, not twice."""
-    async def scenario():
-        server = GrpcServer(Service().methods(), max_receive_message_length=100)
-        port = await server.start("127.0.0.1:0")
-        loop = asyncio.get_running_loop()
-
-        def client_side():
-            client = RawClient(f"127.0.0.1:{port}")
-            try:
-                client.request(1, SERVICE + "Echo", b"y" * 101)  # one DATA frame, END_STREAM
-                got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
-                assert ("grpc-status", str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) in client.decoder.decode(got[-1][3])
-                client.request(3, SERVICE + "Echo", b"z" * 200, end=False)  # refused while still sending
-                got = client.frames(lambda f: f[0] == 3 and f[2] == 3)  # its RST_STREAM
-                client.request(5, SERVICE + "Echo", b"ok")
-                got += client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 5)
-                assert [f[0] for f in got if f[2] == 3].count(3) == 1
-                assert b"".join(p for t, _, s, p in got if t == 0 and s == 5)[5:] == b"ok"
-            finally:
-                client.close()
-
+    def client_side(address):
+        client = RawClient(address)
         try:
-            await loop.run_in_executor(None, client_side)
+            client.request(1, SERVICE + "Echo", b"y" * 101)  # one DATA frame, END_STREAM
+            got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
+            assert ("grpc-status", str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])) in client.decoder.decode(got[-1][3])
+            client.request(3, SERVICE + "Echo", b"z" * 200, end=False)  # refused while still sending
+            got = client.frames(lambda f: f[0] == 3 and f[2] == 3)  # its RST_STREAM
+            client.request(5, SERVICE + "Echo", b"ok")
+            got += client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 5)
+            assert [f[0] for f in got if f[2] == 3].count(3) == 1
+            assert b"".join(p for t, _, s, p in got if t == 0 and s == 5)[5:] == b"ok"
         finally:
-            await server.stop(1.0)
+            client.close()
 
-    asyncio.run(scenario())
+    serve_and_run(client_side, max_receive_message_length=100)
 
 
 def _statuses(client: RawClient, frames_got) -> dict[int, str]:
@@ -444,66 +451,42 @@ def test_a_compressed_request_inflating_beyond_the_limit_is_resource_exhausted()
 def test_incomplete_requests_a_connection_holds_are_bounded():
     from tidemq.protocol.http2 import Limits
 
-    async def scenario():
-        server = GrpcServer(Service().methods(), max_receive_message_length=1000, limits=Limits(max_request_buffer=2500))
-        port = await server.start("127.0.0.1:0")
-        loop = asyncio.get_running_loop()
-
-        def client_side():
-            client = RawClient(f"127.0.0.1:{port}")
-            try:
-                block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
-                    (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Echo"), (":authority", "test"),
-                    ("content-type", "application/grpc")))
-                for stream_id in (1, 3, 5):  # 900 of a 1000-octet message each, not finished
-                    client.sock.sendall(frame(1, 0x4, stream_id, block)
-                                        + frame(0, 0, stream_id, struct.pack(">BI", 0, 1000) + b"q" * 900))
-                got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1)
-                assert _statuses(client, got) == {5: str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])}
-                client.sock.sendall(frame(0, 0x1, 1, b"q" * 100))  # the others go on
-                got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
-                assert _statuses(client, got)[1] == "0"
-            finally:
-                client.close()
-
+    def client_side(address):
+        client = RawClient(address)
         try:
-            await loop.run_in_executor(None, client_side)
+            for stream_id in (1, 3, 5):  # 900 of a 1000-octet message each, not finished
+                client.sock.sendall(frame(1, 0x4, stream_id, request_block(SERVICE + "Echo"))
+                                    + frame(0, 0, stream_id, struct.pack(">BI", 0, 1000) + b"q" * 900))
+            got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1)
+            assert _statuses(client, got) == {5: str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])}
+            client.sock.sendall(frame(0, 0x1, 1, b"q" * 100))  # the others go on
+            got = client.frames(lambda f: f[0] == 1 and f[1] & 0x1 and f[2] == 1)
+            assert _statuses(client, got)[1] == "0"
         finally:
-            await server.stop(1.0)
+            client.close()
 
-    asyncio.run(scenario())
+    serve_and_run(client_side, max_receive_message_length=1000, limits=Limits(max_request_buffer=2500))
 
 
 def test_a_bidi_stream_gets_window_back_only_as_its_handler_reads():
     from tidemq.protocol.http2 import Limits
 
-    async def scenario():
-        service = Service()
-        server = GrpcServer(service.methods(), limits=Limits(stream_window=100_000))  # WINDOW_UPDATE per 25,000
-        port = await server.start("127.0.0.1:0")
+    service = Service()
 
-        def client_side():
-            client = RawClient(f"127.0.0.1:{port}")
-            try:
-                block = b"".join(hpack.encode_literal(k.encode(), v.encode()) for k, v in (
-                    (":method", "POST"), (":scheme", "http"), (":path", SERVICE + "Mute"), (":authority", "test"),
-                    ("content-type", "application/grpc")))
-                body = struct.pack(">BI", 0, 20_000) + b"m" * 20_000
-                pieces = frame(0, 0, 1, body[:16384]) + frame(0, 0, 1, body[16384:])
-                client.sock.sendall(frame(1, 0x4, 1, block) + pieces + pieces)  # 2 messages, not read
-                client.sock.sendall(frame(6, 0, 0, b"pingpong"))
-                got = client.frames(lambda f: f[0] == 6 and f[1] & 0x1)  # all of it handled
-                assert [f for f in got if f[0] == 8 and f[2] == 1] == []  # no WINDOW_UPDATE for the stream
-                service.mute_read.set()  # the handler reads: the window comes back
-                got = client.frames(lambda f: f[0] == 8 and f[2] == 1)
-                assert struct.unpack(">I", got[-1][3])[0] == 2 * 20_005
-            finally:
-                client.close()
-
+    def client_side(address):
+        client = RawClient(address)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, client_side)
+            body = struct.pack(">BI", 0, 20_000) + b"m" * 20_000
+            pieces = frame(0, 0, 1, body[:16384]) + frame(0, 0, 1, body[16384:])
+            client.sock.sendall(frame(1, 0x4, 1, request_block(SERVICE + "Mute")) + pieces + pieces)  # 2, unread
+            client.sock.sendall(frame(6, 0, 0, b"pingpong"))
+            got = client.frames(lambda f: f[0] == 6 and f[1] & 0x1)  # all of it handled
+            assert [f for f in got if f[0] == 8 and f[2] == 1] == []  # no WINDOW_UPDATE for the stream
+            service.mute_read.set()  # the handler reads: the window comes back
+            got = client.frames(lambda f: f[0] == 8 and f[2] == 1)
+            assert struct.unpack(">I", got[-1][3])[0] == 2 * 20_005
         finally:
             service.mute_read.set()
-            await server.stop(1.0)
+            client.close()
 
-    asyncio.run(scenario())
+    serve_and_run(client_side, service, limits=Limits(stream_window=100_000))  # WINDOW_UPDATE per 25,000
