@@ -32,11 +32,11 @@ class ServeOptions:
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 30_000
+    priority_retry_first_percent: int = 0
     # TLS (tidemq/protocol/tls.py, tidemq/certificate.py)
     tls: str = "permissive"
     tls_cert: str = ""
     tls_key: str = ""
-    priority_retry_first_percent: int = 0
     # HTTP/2 limits (docs/http2.md)
     max_concurrent_streams: int = 1000
     idle_timeout_ms: int = 120_000
