@@ -163,12 +163,12 @@ class Subscription:
         out = []
         last = self._last
         while last and last[0][0] <= now:
-            d = self._current(heapq.heappop(last))
+            d = self.current(heapq.heappop(last))
             if d is not None:
                 out.append(d)
         return out
 
-    def _current(self, entry: tuple[int, int, int, int]) -> Delivery | None:
+    def current(self, entry: tuple[int, int, int, int]) -> Delivery | None:
         """The delivery a heap entry (invisible_until, qid, offset, generation) stands for, if the
         entry is not stale."""
         until, qid, offset, generation = entry
@@ -196,7 +196,7 @@ class Subscription:
         """The next delivery whose deadline has passed, removed from the due heap."""
         due = self._due
         while due and due[0][0] <= now:
-            d = self._current(heapq.heappop(due))
+            d = self.current(heapq.heappop(due))
             if d is not None:
                 return d
         return None
@@ -205,7 +205,7 @@ class Subscription:
         """Earliest deadline among in-flight deliveries (may be a stale entry: only a hint)."""
         due = self._due
         while due:
-            if self._current(due[0]) is not None:
+            if self.current(due[0]) is not None:
                 return due[0][0]
             heapq.heappop(due)
         return None

@@ -102,19 +102,10 @@ class PriorityPop:
             entry = (d.invisible_until, d.queue_id, d.queue_offset, d.generation)
             heapq.heappush(held.setdefault(min(d.queue_id, top), []), entry)
 
-    @staticmethod
-    def _current(sub: Subscription, entry: DueEntry) -> Delivery | None:
-        until, qid, offset, generation = entry
-        q = sub.queues.get(qid)
-        d = q.in_flight.get(offset) if q is not None else None
-        if d is not None and d.generation == generation and d.invisible_until == until:
-            return d
-        return None
-
     def _serve(self, sub: Subscription, due: list[DueEntry], batch: int, out: list,
                redeliver: Callable[[Delivery], None]) -> None:
         while due and len(out) < batch:
-            d = self._current(sub, heapq.heappop(due))
+            d = sub.current(heapq.heappop(due))
             if d is not None:
                 redeliver(d)
 
@@ -124,7 +115,7 @@ class PriorityPop:
         held = self._held.pop((sub.group, sub.topic), None) if self._held else None
         for due in (held or {}).values():
             for entry in due:
-                d = self._current(sub, entry)
+                d = sub.current(entry)
                 if d is not None:  # the same deadline and generation: only its heap entry is new
                     sub.set_invisible(d.queue_id, d.queue_offset, d.invisible_until, d.generation, d.renew_owner)
 
