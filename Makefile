@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 .PHONY: run test bench install clean
 
 # the compiled parts are built at install: a changed source installs again
-$(BIN)/.installed: pyproject.toml tidemq/store/_append.c tidemq/store/_dispatch.c tidemq/store/_queue_file.c
+$(BIN)/.installed: pyproject.toml tidemq/store/log/_append.c tidemq/store/_dispatch.c tidemq/store/queues/_queue_file.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,pipeline]'

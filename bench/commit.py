@@ -29,9 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tidemq.store.dispatch import ConsumeQueueStore  # noqa: E402
-from tidemq.store.dispatch_messages import QueueRuns  # noqa: E402
-from tidemq.store.queue_commit import QueueCommitter  # noqa: E402
+from tidemq.store.dispatch.commit import QueueCommitter  # noqa: E402
+from tidemq.store.dispatch.messages import QueueRuns  # noqa: E402
+from tidemq.store.queues.queue_set import ConsumeQueueStore  # noqa: E402
 
 ROUNDS = 15
 

@@ -60,10 +60,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
-from tidemq.store.commit_log import CommitLog  # noqa: E402
-from tidemq.store.dispatch import ConsumeQueueStore, spread_topic_directories  # noqa: E402
-from tidemq.store.key_index import KeyIndex  # noqa: E402
-from tidemq.store.parallel_dispatch import ParallelDispatcher  # noqa: E402
+from tidemq.store.dispatch.parallel import ParallelDispatcher  # noqa: E402
+from tidemq.store.index.key_index import KeyIndex  # noqa: E402
+from tidemq.store.log.commit_log import CommitLog  # noqa: E402
+from tidemq.store.queues.queue_set import ConsumeQueueStore, spread_topic_directories  # noqa: E402
 
 SEGMENT = 256 << 20
 UNITS = 20_000  # 400 KB consume-queue files: 10,000 queues stay light on mappings

@@ -34,13 +34,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "pipeline"))
 
-from tidemq.pipeline import spark_session  # noqa: E402
+from spark_cluster import StandaloneCluster, worker_python  # noqa: E402
+
 from tidemq.pipeline import plan as planning  # noqa: E402
+from tidemq.pipeline import spark_session  # noqa: E402
 from tidemq.pipeline.rebuild import UNIT_COLUMNS, rebuild  # noqa: E402
 from tidemq.store import Message, MessageStore, StoreConfig, record  # noqa: E402
-from tidemq.store.commit_log import CommitLog  # noqa: E402
-from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
-from spark_cluster import StandaloneCluster, worker_python  # noqa: E402
+from tidemq.store.dispatch.sequential import Dispatcher  # noqa: E402
+from tidemq.store.log.commit_log import CommitLog  # noqa: E402
+from tidemq.store.queues.queue_set import ConsumeQueueStore  # noqa: E402
 
 SEGMENT = 64 << 20
 UNITS_PER_FILE = 300_000

@@ -39,9 +39,10 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 from tidemq.broker.durability import DurableFutures  # noqa: E402
 from tidemq.server import GIL_SWITCH_INTERVAL_S, event_loop_factory  # noqa: E402
 from tidemq.store import Message, MessageStore, StoreConfig  # noqa: E402
-from tidemq.store.commit_log import CommitLog  # noqa: E402
-from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher  # noqa: E402
-from tidemq.store.parallel_dispatch import ParallelDispatcher  # noqa: E402
+from tidemq.store.dispatch.parallel import ParallelDispatcher  # noqa: E402
+from tidemq.store.dispatch.sequential import Dispatcher  # noqa: E402
+from tidemq.store.log.commit_log import CommitLog  # noqa: E402
+from tidemq.store.queues.queue_set import ConsumeQueueStore  # noqa: E402
 
 SEGMENT = 256 << 20
 QUEUES = 8

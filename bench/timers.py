@@ -37,7 +37,6 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest, admin  # noqa: E402
-from tidemq.broker.timers import TIMER_TOPIC  # noqa: E402
 from tidemq.store import MessageStore, StoreConfig  # noqa: E402
 
 

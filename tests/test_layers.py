@@ -16,9 +16,12 @@ def modules(layer: str) -> list[Path]:
 def imported(path: Path, package: str | None = None) -> set[str]:
     """Absolute names of every module a file imports (relative imports resolved against the
     file's package)."""
-    tree = ast.parse(path.read_text(), str(path))
     if package is None:
         package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    return imported_by(ast.parse(path.read_text(), str(path)), package)
+
+
+def imported_by(tree: ast.AST, package: str) -> set[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -74,7 +77,7 @@ def test_protocols_never_touch_files():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} calls open()")
         for name in imported(path):
-            if name in ("mmap", "shutil") or name.startswith("tidemq.store.commit_log") or name.startswith("tidemq.store.consume_queue"):
+            if name in ("mmap", "shutil") or name.startswith("tidemq.store.log") or name.startswith("tidemq.store.queues"):
                 found.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
     assert found == []
 
@@ -85,3 +88,54 @@ def test_the_checker_sees_a_violation(tmp_path):
     probe.write_text("from ..broker import something\nimport asyncio\nfrom . import record\n")
     names = imported(probe, "tidemq.store")
     assert {"tidemq.broker", "tidemq.broker.something", "asyncio", "tidemq.store", "tidemq.store.record"} == names
+
+
+# The store's folders (docs/store-layout.md), each with the store modules it may import besides
+# its own folder, `errors` and the compiled helpers `_dispatch`: dependencies point down, from
+# the codecs (`format`) through the structures (`log`, `queues`, `index`) to the stages that use
+# them (`dispatch`, `recovery`).  `dispatch.requests` is the contract between dispatch and its
+# sinks (`queues.queue_set`, `index.key_index`), so the structures may import it.
+STORE_FOLDERS = {
+    "format": (),
+    "log": ("format",),
+    "queues": ("format", "dispatch.requests"),
+    "index": ("format", "log", "dispatch.requests"),
+    "dispatch": ("format", "log", "queues", "index"),
+    "recovery": ("format", "log", "queues", "dispatch.requests"),
+}
+STORE_SHARED = ("errors", "_dispatch")
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """`imported`, without the imports under `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    return imported_by(tree, ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]))
+
+
+def store_offenders() -> list[str]:
+    found = []
+    for path in modules("store"):
+        parts = path.relative_to(PACKAGE / "store").parts
+        if len(parts) == 1:
+            continue  # the facade and MessageStore wire every part
+        folder = parts[0]
+        allowed = (folder, *STORE_FOLDERS[folder], *STORE_SHARED)
+        for name in runtime_imports(path):
+            if not name.startswith("tidemq.store."):
+                continue
+            inner = name[len("tidemq.store."):]
+            if not any(inner == a or inner.startswith(a + ".") for a in allowed):
+                found.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    return found
+
+
+def test_every_store_folder_is_known():
+    folders = {p.name for p in (PACKAGE / "store").iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(STORE_FOLDERS)
+
+
+def test_store_folders_import_downwards():
+    assert store_offenders() == []

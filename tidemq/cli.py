@@ -20,7 +20,7 @@ def existing_store(directory: str) -> Path:
 
 
 def _store_inspect(args: argparse.Namespace) -> int:
-    from .store import check
+    from .store.recovery import check
 
     existing_store(args.dir)
     segments, queues, log_end = check.inspect(Path(args.dir))
@@ -29,7 +29,7 @@ def _store_inspect(args: argparse.Namespace) -> int:
     for s in segments:
         print(f"  {s.name}  {s.used:>12} / {s.size} bytes  {s.records} records")
     covered = max((q.max_physical_offset for q in queues), default=0)
-    from .store.lag import offline_lags
+    from .store.dispatch.lag import offline_lags
 
     lags = offline_lags(Path(args.dir), log_end, covered)
     print(f"dispatch lag: {max((behind for behind, _ in lags.values()), default=0)} bytes behind the log end, per index:")
@@ -43,7 +43,7 @@ def _store_inspect(args: argparse.Namespace) -> int:
 
 def _store_check(args: argparse.Namespace) -> int:
     from .broker.pop_journal import check_journal
-    from .store import check
+    from .store.recovery import check
 
     report = check.check(existing_store(args.dir))
     report.problems += check_journal(Path(args.dir) / "pop")
@@ -71,7 +71,7 @@ def _store_repair(args: argparse.Namespace) -> int:
 
 
 def _store_query(args: argparse.Namespace) -> int:
-    from .store import key_index
+    from .store.index import key_index
 
     if args.id:
         found = key_index.find_by_id(Path(args.dir), args.id, args.topic)

@@ -17,13 +17,14 @@ import zlib
 from pathlib import Path
 
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest
 from tidemq.broker.metadata import GroupConfig, TopicConfig
 from tidemq.pipeline.rebuild import rebuild
 from tidemq.protocol.grpc.convert import fill_delivered_message
-from tidemq.store import MessageStore, StoreConfig, check
-from rocketmq.grpc_protocol import definition_pb2 as pb
+from tidemq.store import MessageStore, StoreConfig
+from tidemq.store.recovery import check
 
 LMQ_UNITS = 3 * 2 + 3 * 1  # CompatTool's six LMQ messages: three go to two light queues, three to one
 

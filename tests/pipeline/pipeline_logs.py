@@ -55,10 +55,10 @@ def write_store(directory, messages: list[Message]):
 
 def dispatch_key_index(store, directory, hash_slots: int, max_entries: int) -> None:
     """The key index the store's own dispatcher builds from the log, with a KeyIndex sink."""
-    from tidemq.store.commit_log import CommitLog
-    from tidemq.store.dispatch import Dispatcher
-    from tidemq.store.key_index import KeyIndex
-    from tidemq.store.recovery import scan_log
+    from tidemq.store.dispatch.sequential import Dispatcher
+    from tidemq.store.index.key_index import KeyIndex
+    from tidemq.store.log.commit_log import CommitLog
+    from tidemq.store.recovery.recover import scan_log
 
     commit_log = CommitLog(store / "commitlog", SEGMENT_SIZE)
     index = KeyIndex(directory, hash_slots, max_entries)

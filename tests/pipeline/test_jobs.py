@@ -166,7 +166,7 @@ def test_the_executors_python_is_the_callers_choice(monkeypatch):
     assert deps == "deps.zip" and shipped.endswith(".zip")
     with zipfile.ZipFile(shipped) as archive:
         names = archive.namelist()
-    assert "tidemq/store/record.py" in names and "tidemq/pipeline/source.py" in names
+    assert "tidemq/store/format/record.py" in names and "tidemq/pipeline/source.py" in names
     assert not [n for n in names if not n.endswith(".py")]  # no compiled parts: any platform runs it
     assert "spark.submit.pyFiles" not in session.session_conf("local[2]", {})
     assert "spark.submit.pyFiles" not in session.session_conf("spark://h:7077", {"spark.tidemq.shipPackage": "false"})

@@ -7,12 +7,6 @@ import os
 import shutil
 
 import pytest
-
-from tidemq.pipeline.rebuild import rebuild
-from tidemq.store import MessageStore, StoreLockedError
-from tidemq.store.consume_queue import BLANK_UNIT
-from tidemq.store.dispatch import FS_TOPDIR_FL, inode_flags
-
 from pipeline_logs import (
     LONG_TOPIC,
     UNITS_PER_FILE,
@@ -23,6 +17,11 @@ from pipeline_logs import (
     store_config,
     write_store,
 )
+
+from tidemq.pipeline.rebuild import rebuild
+from tidemq.store import MessageStore, StoreLockedError
+from tidemq.store.queues.consume_queue import BLANK_UNIT
+from tidemq.store.queues.queue_set import FS_TOPDIR_FL, inode_flags
 
 
 def test_rebuild_equals_the_dispatchers_files(spark, written_store, tmp_path):
@@ -112,7 +111,7 @@ def test_writing_the_key_index_again_replaces_it(tmp_path):
     import pyarrow as pa
 
     from tidemq.pipeline.key_index import append_entries
-    from tidemq.store.key_index import KeyIndex
+    from tidemq.store.index.key_index import KeyIndex
 
     batch = pa.RecordBatch.from_pydict({
         "topic": ["t", "t"], "key": ["k1", "k2"], "commit_log_offset": [0, 200],

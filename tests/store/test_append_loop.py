@@ -10,14 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidemq.store import Message, MessageStore, StoreConfig, message_encoder, message_store, record
+from tidemq.store import Message, MessageStore, StoreConfig, message_store, record
 from tidemq.store.errors import StoreClosedError
-from tidemq.store.check import check
+from tidemq.store.log import message_encoder
+from tidemq.store.recovery.check import check
 
 
 def test_the_compiled_append_loop_is_built():
     # `optional` in pyproject.toml: an install without a C compiler runs the Python loop alone
-    assert message_store._write_records is not None, "tidemq/store/_append.c was not compiled at install"
+    assert message_store._write_records is not None, "tidemq/store/log/_append.c was not compiled at install"
     assert message_store._put_common is not None
     assert message_encoder._prepare_messages is not None
 

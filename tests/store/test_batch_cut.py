@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidemq.store import record
-from tidemq.store.batch_cut import batch_end
-from tidemq.store.commit_log import CommitLog
 from test_parallel_dispatch import build_log, iter_records, two_workers_against_one_thread
+
+from tidemq.store import record
+from tidemq.store.dispatch.batch_cut import batch_end
+from tidemq.store.log.commit_log import CommitLog
 
 
 def _log_with_header_shaped_bodies(directory: Path, count: int, lying: set[int], honest: set[int]) -> tuple[CommitLog, list[int]]:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tidemq.store import record
-from tidemq.store.commit_log import CommitLog
+from tidemq.store.log.commit_log import CommitLog
 
 SEGMENT = 256 << 10
 HOST = ("127.0.0.1", 10911)

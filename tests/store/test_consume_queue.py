@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from tidemq.store.consume_queue import BLANK_UNIT_SIZE, UNIT_SIZE, ConsumeQueue, FrontierTable, file_name, map_queue_file
-from tidemq.store.dispatch import FS_TOPDIR_FL, ConsumeQueueStore, inode_flags, spread_topic_directories
+from tidemq.store.queues.consume_queue import BLANK_UNIT_SIZE, UNIT_SIZE, ConsumeQueue, FrontierTable, file_name, map_queue_file
+from tidemq.store.queues.queue_set import FS_TOPDIR_FL, ConsumeQueueStore, inode_flags, spread_topic_directories
 
 
 def test_units_are_rocketmq_bytes_and_files_roll(tmp_path):

@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 from tidemq.store import Message, MessageStore, StoreConfig
-from tidemq.store.check import check
+from tidemq.store.recovery.check import check
 
 CHILD = textwrap.dedent(
     """

@@ -7,7 +7,7 @@ import logging
 import os
 
 from tidemq.store import Message, MessageStore, StoreConfig, record
-from tidemq.store.check import check
+from tidemq.store.recovery.check import check
 
 
 def write_store(directory, count=6):

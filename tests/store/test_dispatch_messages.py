@@ -13,24 +13,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tidemq.store import batch_builder
-from tidemq.store.batch_builder import DIRECT_QUEUES, BatchBuilder, owner_of
-from tidemq.store.dispatch_messages import (
-    BatchResult,
-    BatchTask,
-    Channel,
-    IndexAppend,
-    IndexAppended,
-    QueueRuns,
-    UnitsHandover,
-    UnitsWritten,
-)
-from tidemq.store.consume_queue import UNIT_DTYPE
-from tidemq.store.dispatch import ConsumeQueueStore
-from tidemq.store.parallel_dispatch import ParallelDispatcher
 from test_parallel_dispatch import build_log, sequential_build, two_workers_against_one_thread
 from trees import same_tree
+
+from tidemq.store.dispatch import builder as batch_builder
+from tidemq.store.dispatch.builder import DIRECT_QUEUES, BatchBuilder, owner_of
+from tidemq.store.dispatch.messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
+from tidemq.store.dispatch.parallel import ParallelDispatcher
+from tidemq.store.queues.consume_queue import UNIT_DTYPE
+from tidemq.store.queues.queue_set import ConsumeQueueStore
 
 
 def _same(a, b) -> bool:
@@ -234,7 +225,7 @@ def test_compiled_runs_write_the_same_files_as_the_python_loop(tmp_path, monkeyp
     assert same_tree(tmp_path / "compiled", tmp_path / "python") == []
 
 
-@pytest.mark.skipif(batch_builder.map_file is batch_builder.map_file_python, reason="tidemq/store/_queue_file.c is not built")
+@pytest.mark.skipif(batch_builder.map_file is batch_builder.map_file_python, reason="tidemq/store/queues/_queue_file.c is not built")
 @pytest.mark.parametrize("seed", range(3))
 def test_builders_mapping_their_files_compiled_or_with_mmap_write_the_same_files(tmp_path, monkeypatch, seed):
     unwritten = _write_random_groups(tmp_path / "compiled", seed)

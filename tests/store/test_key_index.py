@@ -12,17 +12,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trees import same_tree
 
 from tidemq.cli import main as cli_main
 from tidemq.store import Message, MessageStore, StoreConfig, record
-from tidemq.store.commit_log import CommitLog
-from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
-from tidemq.store import index_file as index_file_module
-from tidemq.store.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, file_size, key_hash, key_hashes
-from tidemq.store.key_index import KeyIndex
-from tidemq.store.recovery import scan_log
-from trees import same_tree
-
+from tidemq.store.dispatch.sequential import Dispatcher
+from tidemq.store.format.index_keys import key_hash, key_hashes
+from tidemq.store.index import index_file as index_file_module
+from tidemq.store.index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, file_size
+from tidemq.store.index.key_index import KeyIndex
+from tidemq.store.log.commit_log import CommitLog
+from tidemq.store.queues.queue_set import ConsumeQueueStore
+from tidemq.store.recovery.recover import scan_log
 
 BASE_TS = 1_700_000_000_000
 
@@ -365,8 +366,8 @@ def test_dispatch_lag_before_anything_is_dispatched_is_the_age_of_the_oldest_wai
 
 
 def test_dispatch_lag_per_sink_live_and_offline(tmp_path, capsys):
-    from tidemq.store.lag import sink_lags
-    from tidemq.store.parallel_dispatch import ParallelDispatcher
+    from tidemq.store.dispatch.lag import sink_lags
+    from tidemq.store.dispatch.parallel import ParallelDispatcher
 
     store_dir = tmp_path / "store"
     with MessageStore(store_dir, small_config()) as store:

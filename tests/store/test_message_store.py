@@ -21,7 +21,7 @@ from tidemq.store import (
     StoreLockedError,
     record,
 )
-from tidemq.store.check import check
+from tidemq.store.recovery.check import check
 
 
 def small(**kw):
@@ -449,7 +449,7 @@ def test_more_queues_than_open_files_allowed(tmp_path, workers):
 def test_queue_file_mappings_past_the_budget_are_dropped_and_made_again(tmp_path):
     """Past the budget the oldest mapping is dropped; the queue maps its file again when used,
     and nothing written through the dropped mapping is lost."""
-    from tidemq.store import consume_queue
+    from tidemq.store.queues import consume_queue
 
     mappings = consume_queue.MAPPINGS
     saved = mappings.budget

@@ -1,7 +1,8 @@
 import os
 import resource
 
-from tidemq.store import batch_builder, open_files
+from tidemq.store.dispatch import builder as batch_builder
+from tidemq.store.queues import open_files
 
 
 def test_a_budget_of_mappings_holding_descriptors_is_a_share_of_the_open_file_limit():

@@ -19,18 +19,20 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from tidemq.store import Message, MessageStore, StoreConfig, batch_builder, record
-from tidemq.store.commit_log import CommitLog
-from tidemq.store.consume_queue import ConsumeQueue, FrontierTable
-from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
-from tidemq.store.key_index import KeyIndex
-from tidemq.store.batch_builder import BatchBuilder, owner_of
-from tidemq.store.dispatch_messages import Channel, IndexAppend, UnitsHandover
-from tidemq.store.worker_process import CRASH_ENV, MALLOC_ENV, MAPPINGS_ENV, WARM_HEAP_BYTES
-from tidemq.store.parallel_dispatch import ParallelDispatcher
-from tidemq.store.recovery import scan_log
 from trees import same_tree
+
+from tidemq.store import Message, MessageStore, StoreConfig, record
+from tidemq.store.dispatch import builder as batch_builder
+from tidemq.store.dispatch.builder import BatchBuilder, owner_of
+from tidemq.store.dispatch.messages import Channel, IndexAppend, UnitsHandover
+from tidemq.store.dispatch.parallel import ParallelDispatcher
+from tidemq.store.dispatch.sequential import Dispatcher
+from tidemq.store.dispatch.workers import CRASH_ENV, MALLOC_ENV, MAPPINGS_ENV, WARM_HEAP_BYTES
+from tidemq.store.index.key_index import KeyIndex
+from tidemq.store.log.commit_log import CommitLog
+from tidemq.store.queues.consume_queue import ConsumeQueue, FrontierTable
+from tidemq.store.queues.queue_set import ConsumeQueueStore
+from tidemq.store.recovery.recover import scan_log
 
 STORE_HOST = ("127.0.0.1", 10911)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -580,7 +582,7 @@ def test_a_started_worker_keeps_a_warm_heap(tmp_path):
 
 
 def test_a_worker_starts_without_warnings(tmp_path, monkeypatch):
-    """`python -m tidemq.store.dispatch_worker` runs a module the store package does not import:
+    """`python -m tidemq.store.dispatch.worker_entry` runs a module the store package does not import:
     run on a module already imported, `-m` runs a second copy of it, with a RuntimeWarning in
     every worker's output.  With that warning made an error, the worker would die at start."""
     monkeypatch.setenv("PYTHONWARNINGS", "error::RuntimeWarning")  # the workers inherit the environment
@@ -612,7 +614,7 @@ def test_dead_workers_are_replaced_or_give_way_and_their_batches_rebuilt(tmp_pat
     layout = [(f"t{i % 3}", i % 11) for i in range(2000)]
     log, _ = build_log(tmp_path / "log", layout, segment_size=64 * 1024)
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=8 * 1024) as dispatcher:
-        with caplog.at_level("ERROR", logger="tidemq.store.parallel_dispatch"):
+        with caplog.at_level("ERROR", logger="tidemq.store.dispatch.parallel"):
             dispatcher.dispatch_until(log.write_position)
         assert dispatcher.dispatched_offset == log.write_position
         given_way = sum("building the indexes on the dispatch thread" in r.message for r in caplog.records)
@@ -798,7 +800,7 @@ def _thread_alone_over_known_queues(tmp_path: Path, monkeypatch, budget: int | N
     `MAPPINGS`' budget set to `budget` if given (else room for them all), a reader reads every
     queue.  Checks the files against one thread's and returns (the files the rest asked of the
     queues, `ConsumeQueue.mapping_of`, and the queue files mapped in this process at the end)."""
-    from tidemq.store import consume_queue
+    from tidemq.store.queues import consume_queue
 
     monkeypatch.setattr(consume_queue.MAPPINGS, "budget", len(consume_queue.MAPPINGS) + 1000)  # whatever other tests left
     keys = [(f"t{i % 5}", i // 5 % 12) for i in range(3000)]  # 60 queues, 50 entries each
@@ -935,7 +937,7 @@ def test_store_killed_mid_dispatch_rebuilds_indexes_exactly(tmp_path):
     # the indexes equal a from-scratch single-thread build of the recovered log
     log = CommitLog(store_dir / "commitlog")
     log.write_position = max(s.end for s in log.segments)
-    from tidemq.store.recovery import scan_log
+    from tidemq.store.recovery.recover import scan_log
 
     log.write_position = scan_log(log, 0).end
     sequential_build(log, tmp_path / "rebuilt", units=300, slots=256, entries=1500)
@@ -948,7 +950,7 @@ def test_recovery_restarts_below_an_unfinished_batch_when_later_ones_are_written
     """A crash while batch 0 is unfinished but the later batches are written and committed: the
     queues' furthest entries lie past batch 0, so their maximum says nothing; recovery restarts
     from the checkpoint's dispatched offset and every entry of batch 0 is built, none twice."""
-    from tidemq.store.checkpoint import Checkpoint
+    from tidemq.store.log.checkpoint import Checkpoint
 
     store_dir = tmp_path / "store"
     layout = [("p", 0)] * 40 + [(f"t{i % 2}", i % 6) if i % 5 else ("p", 0) for i in range(600)]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tidemq.store import queue_commit
-from tidemq.store.dispatch import ConsumeQueueStore
-from tidemq.store.dispatch_messages import QueueRuns
-from tidemq.store.queue_commit import PythonRowIndex, QueueCommitter
+from tidemq.store.dispatch import commit as queue_commit
+from tidemq.store.dispatch.commit import PythonRowIndex, QueueCommitter
+from tidemq.store.dispatch.messages import QueueRuns
+from tidemq.store.queues.queue_set import ConsumeQueueStore
 
 UNITS = 1000
 

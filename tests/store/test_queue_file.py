@@ -8,15 +8,15 @@ import struct
 import numpy as np
 import pytest
 
-from tidemq.store import batch_builder
-from tidemq.store.consume_queue import UNIT
+from tidemq.store.dispatch import builder as batch_builder
+from tidemq.store.queues.consume_queue import UNIT
 
 try:
-    from tidemq.store import _queue_file
+    from tidemq.store.queues import _queue_file
 except ImportError:
     _queue_file = None
 
-compiled = pytest.mark.skipif(_queue_file is None, reason="tidemq/store/_queue_file.c is not built")
+compiled = pytest.mark.skipif(_queue_file is None, reason="tidemq/store/queues/_queue_file.c is not built")
 BOTH = [pytest.param("compiled", marks=compiled), "python"]
 
 
@@ -26,7 +26,7 @@ def _map(kind: str):
 
 def test_the_compiled_queue_file_mapping_is_built():
     # `optional` in pyproject.toml: an install without a C compiler maps with Python's mmap module
-    assert _queue_file is not None, "tidemq/store/_queue_file.c was not compiled at install"
+    assert _queue_file is not None, "tidemq/store/queues/_queue_file.c was not compiled at install"
     assert batch_builder.map_file is _queue_file.map_file
 
 

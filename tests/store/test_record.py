@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemq.store import record
-from tidemq.store.record import EndOfData, EndOfSegment, Invalid, Record
+from tidemq.store.format.record import EndOfData, EndOfSegment, Invalid, Record
 
 
 def hand_built_v1(body, topic, props, queue_id, queue_offset, phys, sysflag, born_ts, store_ts):

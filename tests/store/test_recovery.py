@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_scan import encode, messages
 
 from tidemq.cli import main as cli_main
 from tidemq.store import CorruptStoreError, Message, MessageStore, StoreConfig, record
-from tidemq.store import _dispatch, recovery
-from tidemq.store.check import check
-from tidemq.store.commit_log import CommitLog
-from test_scan import encode, messages
+from tidemq.store import _dispatch
+from tidemq.store.log.commit_log import CommitLog
+from tidemq.store.recovery import recover as recovery
+from tidemq.store.recovery.check import check
 
 CFG = dict(segment_size=16384, consume_queue_units=8)
 

@@ -11,13 +11,15 @@ import struct
 
 import pytest
 
-from tidemq.store import Message, MessageStore, StoreConfig, check, record
-from tidemq.store.checkpoint import Checkpoint
-from tidemq.store.consume_queue import UNIT_DTYPE
+from tidemq.store import Message, MessageStore, StoreConfig, record
 from tidemq.store.errors import StoreIOError
-from tidemq.store.index_file import IndexFile, key_hash
-from tidemq.store.key_index import KeyIndex, find_by_id, query_directory
-from tidemq.store.special_queues import DELAY_LEVELS_MS
+from tidemq.store.format.index_keys import key_hash
+from tidemq.store.format.special_queues import DELAY_LEVELS_MS
+from tidemq.store.index.index_file import IndexFile
+from tidemq.store.index.key_index import KeyIndex, find_by_id, query_directory
+from tidemq.store.log.checkpoint import Checkpoint
+from tidemq.store.queues.consume_queue import UNIT_DTYPE
+from tidemq.store.recovery import check
 
 BASE_TS = 1_700_000_000_000
 

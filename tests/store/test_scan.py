@@ -3,17 +3,15 @@ records, the same fields, the same stopping point, on random logs and on every t
 
 from __future__ import annotations
 
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemq.store import record
-from tidemq.store.dispatch import DispatchRequest, builds_queue_entry
-from tidemq.store.index_file import key_hashes
-from tidemq.store import scan as scan_module
-from tidemq.store.index_file import record_index_keys
-from tidemq.store.scan import scan
+from tidemq.store.dispatch.requests import DispatchRequest, builds_queue_entry
+from tidemq.store.format import scan as scan_module
+from tidemq.store.format.index_keys import key_hashes, record_index_keys
+from tidemq.store.format.scan import scan
 
 NAMES = ["TAGS", "KEYS", record.PROPERTY_UNIQ_KEY, record.LEGACY_PROPERTY_UNIQ_KEY, "DELAY", "a", "XTAGS", "TAG", "KEYSX"]
 TEXT = st.text(alphabet=st.sampled_from(list("ab Z#09\x01é€\U0001d11e ")), max_size=8)
@@ -108,7 +106,7 @@ def test_the_vectorized_queue_entry_rule_is_the_per_record_one():
 
 def test_the_compiled_dispatch_parts_are_built():
     # `optional` in pyproject.toml: an install without a C compiler walks and hashes with NumPy
-    from tidemq.store import index_file
+    from tidemq.store.index import index_file
 
     assert scan_module.COMPILED, "tidemq/store/_dispatch.c was not compiled at install"
     assert index_file.COMPILED

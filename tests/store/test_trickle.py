@@ -8,14 +8,15 @@ import random
 from pathlib import Path
 
 import pytest
+from trees import same_tree
 
 from tidemq.store import record
-from tidemq.store.commit_log import CommitLog
-from tidemq.store.dispatch import ConsumeQueueStore, Dispatcher
-from tidemq.store.key_index import KeyIndex
-from tidemq.store.parallel_dispatch import ParallelDispatcher
-from tidemq.store.trickle import MAX_RECORDS
-from trees import same_tree
+from tidemq.store.dispatch.parallel import ParallelDispatcher
+from tidemq.store.dispatch.sequential import Dispatcher
+from tidemq.store.dispatch.trickle import MAX_RECORDS
+from tidemq.store.index.key_index import KeyIndex
+from tidemq.store.log.commit_log import CommitLog
+from tidemq.store.queues.queue_set import ConsumeQueueStore
 
 KINDS = [record.TRANSACTION_NOT] * 6 + [record.TRANSACTION_PREPARED, record.TRANSACTION_COMMIT, record.TRANSACTION_ROLLBACK]
 LONG_TOPIC = "v2-" + "x" * 140  # more than 127 bytes: the v2 layout

@@ -6,7 +6,7 @@ import re
 import zlib
 
 from ..store import record
-from ..store.quarantine import DAMAGED_PROPERTY
+from ..store.recovery.quarantine import DAMAGED_PROPERTY
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 

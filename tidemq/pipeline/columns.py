@@ -1,6 +1,6 @@
 """The columns of the commit-log source and how a batch of decoded records becomes Arrow.
 
-Every column is computed from `tidemq.store.record.Record` (the store's own decoder); nothing here
+Every column is computed from `tidemq.store.format.record.Record` (the store's own decoder); nothing here
 parses record bytes.  A read that does not ask for `body` never copies a body, and one that asks
 for none of tags/keys/unique_key/properties/tags_code skips the properties parse.
 """

@@ -23,8 +23,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from ..store import record
-from ..store.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, TAG_KEY_PREFIX, IndexFile, key_hashes
-from ..store.key_index import KeyIndex, index_paths
+from ..store.format.index_keys import TAG_KEY_PREFIX, key_hashes
+from ..store.index.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile
+from ..store.index.key_index import KeyIndex, index_paths
 from . import files
 
 SINK_NAME = "tidemq-keyindex"
@@ -115,7 +116,7 @@ def key_entries(df):
     df = df.where(df.sysflag.bitwiseAND(mask) != record.TRANSACTION_ROLLBACK)
     none = F.array().cast("array<string>")
     unique = F.when(df.unique_key.isNotNull() & (df.unique_key != ""), F.array(df.unique_key)).otherwise(none)
-    # the tag last, as the key "T#tag" (index_file.record_index_keys)
+    # the tag last, as the key "T#tag" (index_keys.record_index_keys)
     tag = F.when(df.tags.isNotNull() & (df.tags != ""), F.array(F.concat(F.lit(TAG_KEY_PREFIX), df.tags))).otherwise(none)
     entries = df.select(
         "topic",

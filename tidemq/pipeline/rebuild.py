@@ -6,7 +6,7 @@
     -> each task writes its queues' files (`tidemq-consumequeue`, an Arrow data sink)
 
 With `key_index`, the key index is rebuilt too (`key_index.py`).  The ConsumeQueue files are
-byte-identical to what the store's dispatcher builds (`tidemq.store.consume_queue`):
+byte-identical to what the store's dispatcher builds (`tidemq.store.queues.consume_queue`):
 20-byte units `>qiq`, files of `units_per_file` units named by their 20-digit byte offset and
 preallocated full-size, and a queue whose first entry is not slot 0 starts at the file holding it,
 with blank units (0, 0x7FFFFFFF, 0) below the entry.  `QueueFilesWriter` replays the dispatcher's
@@ -38,10 +38,10 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from ..store import record
-from ..store.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
-from ..store.dispatch import spread_topic_directories
 from ..store.errors import StoreLockedError
-from ..store.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..store.format.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..store.queues.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
+from ..store.queues.queue_set import spread_topic_directories
 from . import SOURCE_NAME, files
 from . import plan as planning
 from .columns import arrow_schema, select_schema

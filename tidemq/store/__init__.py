@@ -2,9 +2,8 @@
 
 Synchronous, no network.  The public API is what this module exports."""
 
-from . import record
-from .consume_queue import ConsumeQueue, Unit
-from .dispatch import DispatchRequest, DispatchSink, Dispatcher
+from .dispatch.requests import DispatchRequest, DispatchSink
+from .dispatch.sequential import Dispatcher
 from .errors import (
     CorruptStoreError,
     FlushTimeoutError,
@@ -14,6 +13,7 @@ from .errors import (
     StoreIOError,
     StoreLockedError,
 )
+from .format import record
 from .message_store import (
     FLUSH_ASYNC,
     FLUSH_SYNC,
@@ -24,7 +24,8 @@ from .message_store import (
     PutResult,
     StoreConfig,
 )
-from .open_files import raise_limit as raise_open_file_limit
+from .queues.consume_queue import ConsumeQueue, Unit
+from .queues.open_files import raise_limit as raise_open_file_limit
 
 __all__ = [
     "record",

@@ -5,9 +5,9 @@
  * - `java_hash`: Java's String.hashCode of one str (tags codes, key hashes one at a time);
  * - `write_runs`: `BatchBuilder._write_groups`'s copying of queues' runs of units into their files,
  *   with a `RunCache` of the files' mappings;
- * - `crc_prefix`: recovery's check of records' body CRCs (`recovery._crc_prefix`);
+ * - `crc_prefix`: recovery's check of records' body CRCs (`recover._crc_prefix`);
  * - `RowIndex`: the dispatch thread's frontier-table rows by queue, and the commit of a batch's
- *   runs of slots that start at their queues' frontiers (`queue_commit.QueueCommitter`).
+ *   runs of slots that start at their queues' frontiers (`dispatch.commit.QueueCommitter`).
  *
  * Each has a Python or NumPy twin used where the extension is not built; tests compare the two.
  *

@@ -26,20 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from . import record
-from .checkpoint import Checkpoint
-from .commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
-from .consume_queue import DEFAULT_UNITS_PER_FILE, Unit
-from .dispatch import ArrivalListener, ConsumeQueueStore
-from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
-from .key_index import KeyIndex
-from .lag import milliseconds_behind, sink_lags
-from .message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
-from .parallel_dispatch import ParallelDispatcher
+from .dispatch.lag import milliseconds_behind, sink_lags
+from .dispatch.parallel import ParallelDispatcher
+from .dispatch.requests import ArrivalListener
 from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLockedError
-from .flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
-from .quarantine import DAMAGED_PROPERTY, keep_damaged, placeholder
-from .recovery import RecoveryReport, choose_scan_start, cut_tail, scan_log
+from .format import record
+from .index.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
+from .index.key_index import KeyIndex
+from .log.checkpoint import Checkpoint
+from .log.commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
+from .log.flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
+from .log.message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
+from .queues.consume_queue import DEFAULT_UNITS_PER_FILE, Unit
+from .queues.queue_set import ConsumeQueueStore
+from .recovery.quarantine import DAMAGED_PROPERTY, keep_damaged, placeholder
+from .recovery.recover import RecoveryReport, choose_scan_start, cut_tail, scan_log
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ class DispatchLag:
 
 
 try:  # the compiled append loop; without it (no C compiler at install) the Python loop does it all
-    from ._append import put_common as _put_common, write_records as _write_records
+    from .log._append import put_common as _put_common
+    from .log._append import write_records as _write_records
 except ImportError:
     _put_common = _write_records = None
 
@@ -591,7 +593,7 @@ class MessageStore:
     def query_message(self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = 64) -> list[record.Record]:
         """Records of `topic` whose UNIQ_KEY or a KEYS entry is `key`, stored within [begin, end]
         (ms), newest first (the key index; empty when it is disabled)."""
-        from .key_index import query
+        from .index.key_index import query
 
         return query(self.key_index, self.read_record, topic, key, begin, end, max_num) if self.key_index else []
 

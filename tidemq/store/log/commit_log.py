@@ -22,9 +22,9 @@ import os
 import threading
 from pathlib import Path
 
-from . import record
+from ..format import record
+from ..format.record import BLANK_SIZE, EncodedMessage
 from .page_warmer import MADV_POPULATE_WRITE, PageWarmer
-from .record import BLANK_SIZE, EncodedMessage
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,13 @@ _populate_write = hasattr(mmap.mmap, "madvise")
 
 def segment_name(start: int) -> str:
     return f"{start:020d}"
+
+
+def segment_paths(store_dir: Path) -> list[Path]:
+    directory = Path(store_dir) / "commitlog"
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
 
 
 class Segment:

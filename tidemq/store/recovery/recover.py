@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import record
-from .checkpoint import Checkpoint
-from .commit_log import CommitLog, Segment
-from .dispatch import queue_codes, queue_rows
-from .scan import RecordColumns, field_at, field_view, header_sizes, scan
+from ..dispatch.requests import queue_codes, queue_rows
+from ..format import record
+from ..format.scan import RecordColumns, field_at, field_view, header_sizes, scan
+from ..log.checkpoint import Checkpoint
+from ..log.commit_log import CommitLog, Segment
 
 try:
-    from ._dispatch import crc_prefix as _compiled_crc_prefix
+    from .._dispatch import crc_prefix as _compiled_crc_prefix
 except ImportError:  # the extension is optional: without it, the loop over the bodies is Python's
     _compiled_crc_prefix = None
 

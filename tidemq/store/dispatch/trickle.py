@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import record
-from .consume_queue import ConsumeQueue
-from .dispatch import QueueKey
-from .index_file import index_key, key_hash
-from .property_columns import TAGS
-from .scan import decode_one, index_keys_of, properties_in, text_of, walk
-from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
+from ..format import record
+from ..format.index_keys import index_key, key_hash
+from ..format.property_columns import TAGS
+from ..format.scan import decode_one, index_keys_of, properties_in, text_of, walk
+from ..format.special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
+from ..queues.consume_queue import ConsumeQueue
+from .requests import QueueKey
 
 DELAY = PROPERTY_DELAY.encode()
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .consume_queue import ConsumeQueue
-from .dispatch import ConsumeQueueStore, QueueKey
-from .dispatch_messages import QueueRuns
+from ..queues.consume_queue import ConsumeQueue
+from ..queues.queue_set import ConsumeQueueStore
+from .messages import QueueRuns
+from .requests import QueueKey
 
 SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time, without NumPy
 
 try:
-    from ._dispatch import RowIndex as _RowIndex
+    from .._dispatch import RowIndex as _RowIndex
 except ImportError:  # the extension is optional: without it, PythonRowIndex
     _RowIndex = None
 

@@ -13,9 +13,10 @@ from typing import Iterator
 
 import numpy as np
 
-from . import record
-from .consume_queue import BLANK_UNIT_SIZE, UNIT_DTYPE, UNIT_SIZE
-from .special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..format import record
+from ..format.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..log.commit_log import segment_paths
+from ..queues.consume_queue import BLANK_UNIT_SIZE, UNIT_DTYPE, UNIT_SIZE
 
 
 @dataclass
@@ -52,13 +53,6 @@ def _map(path: Path) -> mmap.mmap | None:
         if f.seek(0, 2) == 0:
             return None
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-
-
-def segment_paths(store_dir: Path) -> list[Path]:
-    directory = Path(store_dir) / "commitlog"
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
 
 
 def iter_segment(path: Path, check_crc: bool = True, past_damaged: bool = False) -> Iterator[record.DecodeResult]:

@@ -1,4 +1,4 @@
-/* tidemq.store._append: the append path of MessageStore, compiled.
+/* tidemq.store.log._append: the append path of MessageStore, compiled.
  *
  * `prepare_messages` is MessageEncoder.prepare for the common message (a known topic and tag, no
  * properties or keys), handing any other to the Python encoder.  `put_common` is both at once for

@@ -121,7 +121,7 @@ def java_string_hash_python(text: str) -> int:
 
 
 try:
-    from ._dispatch import java_hash as _java_hash
+    from .._dispatch import java_hash as _java_hash
 except ImportError:  # the extension is optional
     _java_hash = java_string_hash_python
 

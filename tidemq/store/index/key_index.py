@@ -27,11 +27,10 @@ from typing import Callable
 
 import numpy as np
 
-from . import record
-from .dispatch import DispatchBatch, DispatchRequest, QueueKey
-from .index_file import (
-    DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, file_name, key_hash, key_hashes, record_index_keys,
-)
+from ..dispatch.requests import DispatchBatch, DispatchRequest, QueueKey
+from ..format import record
+from ..format.index_keys import key_hash, key_hashes, record_index_keys
+from .index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES, IndexFile, file_name
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +306,7 @@ def query(
 
 class _LogReader:
     def __init__(self, store_dir: Path) -> None:
-        from .check import segment_paths
+        from ..log.commit_log import segment_paths
 
         self._paths = {int(p.name): p for p in segment_paths(store_dir)}
         self._size = next(iter(self._paths.values())).stat().st_size if self._paths else 0

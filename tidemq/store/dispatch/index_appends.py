@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import record
-from .commit_log import CommitLog
-from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended
-from .worker_process import WorkerProcess
+from ..format import record
+from ..log.commit_log import CommitLog
+from .messages import BatchResult, BatchTask, IndexAppend, IndexAppended
+from .workers import WorkerProcess
 
 # answered(): the batch's entries are all in; the worker was asked again (a file filled); the
 # worker could not append them (the index is cut back: build the batch again)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .index_file import TAG_KEY_PREFIX, index_key, key_hash, record_index_keys
+from .index_keys import TAG_KEY_PREFIX, index_key, key_hash, record_index_keys
 from .property_columns import KEYS, LEGACY_UNIQ_KEY, TAGS, UNIQ_KEY, index_entries, tags_codes, unique_key_ranges
 from .record import (
     KEY_SEPARATOR,
@@ -59,11 +59,10 @@ from .record import (
     decode_topic,
     tags_code,
 )
-
 from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
 
 try:
-    from ._dispatch import scan_into as _scan_into
+    from .._dispatch import scan_into as _scan_into
 except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
     _scan_into = None
 

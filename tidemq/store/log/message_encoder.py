@@ -19,11 +19,11 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
-from . import record
-from .errors import InvalidMessageError
+from ..format import record
+from ..errors import InvalidMessageError
 
 if TYPE_CHECKING:
-    from .message_store import Message, StoreConfig
+    from ..message_store import Message, StoreConfig
 
 try:  # the compiled common case of `prepare`; without it, `prepare` does every message
     from ._append import prepare_messages as _prepare_messages

@@ -42,7 +42,7 @@ the same `BatchBuilder`, owning every queue, so an idle store starts no process 
 no IPC; with 0 workers (the store's `dispatch_workers = 0`) every batch is, one `batch_bytes` batch
 at a time.  That builder writes the queues the store already has through their `ConsumeQueue`
 mappings (`batch_builder.ThreadBuilder`).  Workers start on first need (fresh interpreters,
-`python -P -m tidemq.store.dispatch_worker`: the threaded store process is never forked) and are
+`python -P -m tidemq.store.dispatch.worker_entry`: the threaded store process is never forked) and are
 replaced if one dies: its replacement (same number, same queues) is sent the units handed over to
 it and not yet written, then its unanswered batches, which are built again (rewriting the same
 bytes); so are the batches whose index entries it held (only the first answer's handovers of a
@@ -92,26 +92,20 @@ from typing import Callable
 
 import numpy as np
 
-from . import record, trickle
-from .batch_builder import BatchBuilder, ThreadBuilder
+from ..format import record
+from ..format.scan import scan
+from ..log.commit_log import CommitLog
+from ..queues.queue_set import ConsumeQueueStore
+from . import trickle
 from .batch_cut import batch_end
-from .commit_log import CommitLog
-from .dispatch import (
-    ArrivalListener,
-    ConsumeQueueStore,
-    DispatchBatch,
-    DispatchStats,
-    QueueKey,
-    dispatch_to,
-    notify_listeners,
-    reads_keys,
-)
-from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
+from .builder import BatchBuilder, ThreadBuilder
+from .commit import QueueCommitter
 from .handovers import Handovers
 from .index_appends import APPENDED, FAILED, IndexAppends
-from .worker_process import WorkerPool, WorkerProcess
-from .queue_commit import QueueCommitter
-from .scan import scan
+from .messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
+from .requests import ArrivalListener, DispatchBatch, QueueKey, dispatch_to, notify_listeners
+from .sequential import DispatchStats, reads_keys
+from .workers import WorkerPool, WorkerProcess
 
 log = logging.getLogger(__name__)
 

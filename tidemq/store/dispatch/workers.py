@@ -1,7 +1,7 @@
 """A parallel-dispatch worker process (see parallel_dispatch): its loop (`worker_main`), and the
 coordinator's handle on one (`WorkerProcess`), which starts it as
 
-    python -P -m tidemq.store.dispatch_worker READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1) OWNER OWNERS
+    python -P -m tidemq.store.dispatch.worker_entry READ_FD WRITE_FD CONSUMEQUEUE_DIR UNITS_PER_FILE INDEX(0|1) OWNER OWNERS
 
 (an entry point apart from this module: the store package imports this one, and `-m` on a module
 already imported runs a second copy of it, with a RuntimeWarning in every worker).
@@ -28,10 +28,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import batch_builder, open_files
-from .batch_builder import DIRECT_QUEUES, BatchBuilder
-from .dispatch import QueueKey
-from .dispatch_messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
+from ..queues import open_files
+from . import builder as batch_builder
+from .builder import DIRECT_QUEUES, BatchBuilder
+from .messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
+from .requests import QueueKey
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 # a worker's budget of queue-file mappings, when set (tests: with a small one, workers hand the
@@ -198,7 +199,7 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
 
 
 class WorkerProcess:
-    """A worker process (`python -m tidemq.store.dispatch_worker`, talking pickled messages over
+    """A worker process (`python -m tidemq.store.dispatch.worker_entry`, talking pickled messages over
     two pipes): a fresh interpreter, so the threaded store process is never forked and the
     caller's main module is never re-imported."""
 
@@ -234,7 +235,7 @@ class WorkerProcess:
             self.process = subprocess.Popen(
                 # -P: not the working directory first on the module path (as -m puts it), so that
                 # the worker runs this tidemq (PYTHONPATH), not one the directory happens to hold
-                [sys.executable, "-P", "-m", "tidemq.store.dispatch_worker", str(to_child_r), str(from_child_w),
+                [sys.executable, "-P", "-m", "tidemq.store.dispatch.worker_entry", str(to_child_r), str(from_child_w),
                  consume_queue_root, str(units_per_file), "1" if index_enabled else "0", str(number), str(workers)],
                 pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
             )

@@ -1,4 +1,4 @@
-/* tidemq.store._queue_file: ConsumeQueue files mapped for dispatch's batch builders.
+/* tidemq.store.queues._queue_file: ConsumeQueue files mapped for dispatch's batch builders.
  *
  * `map_file(path, size, create)` opens a queue file (making it, its queue's directory and any
  * directory above that is missing, when `create`), extends it to `size` bytes if it is shorter
@@ -181,7 +181,7 @@ static PyBufferProcs mapping_as_buffer = {(getbufferproc)mapping_getbuffer, (rel
 
 static PyTypeObject MappingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "tidemq.store._queue_file.Mapping",
+    .tp_name = "tidemq.store.queues._queue_file.Mapping",
     .tp_basicsize = sizeof(Mapping),
     .tp_dealloc = (destructor)mapping_dealloc,
     .tp_as_mapping = &mapping_as_mapping,
@@ -285,7 +285,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tidemq.store._queue_file", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tidemq.store.queues._queue_file", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__queue_file(void) {
     if (PyType_Ready(&MappingType) < 0) return NULL;

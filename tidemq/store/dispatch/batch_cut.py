@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import struct
 
-from . import record
-from .scan import MIN_RECORD_SIZE
+from ..format import record
+from ..format.scan import MIN_RECORD_SIZE
 
 _SIZE_MAGIC = struct.Struct(">ii")
 _MESSAGE_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)

@@ -21,7 +21,7 @@ from _thread import allocate_lock as _allocate_lock
 from typing import Callable, Protocol
 
 from .commit_log import CommitLog
-from .errors import FlushTimeoutError
+from ..errors import FlushTimeoutError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .dispatch_messages import BatchResult
+from .messages import BatchResult
 
 
 class Handovers:

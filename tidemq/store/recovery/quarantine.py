@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import record
+from ..format import record
 
 DAMAGED_PROPERTY = "TIDEMQ_DAMAGED"  # reserved: a user property may not take this name
 _MAX_PROPERTIES = 32767  # PROPLENGTH is a signed 16-bit field

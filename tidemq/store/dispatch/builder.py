@@ -52,19 +52,21 @@ from pathlib import Path
 
 import numpy as np
 
-from . import open_files, record
-from .consume_queue import MAPPINGS, UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
-from .dispatch import ConsumeQueueStore, QueueKey, group_by_queue, queue_rows
-from .dispatch_messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsHandover
-from .index_file import HEADER, IndexFile
-from .scan import scan
+from ..format import record
+from ..format.scan import scan
+from ..index.index_file import HEADER, IndexFile
+from ..queues import open_files
+from ..queues.consume_queue import MAPPINGS, UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
+from ..queues.queue_set import ConsumeQueueStore
+from .messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsHandover
+from .requests import QueueKey, group_by_queue, queue_rows
 
 # the copies of all the runs of a batch by one compiled loop: with 10,000 queues the Python loop
 # took 85 of the 193 ms a worker spent building the steady half's batches of bench/dispatch.py,
 # the compiled one 40-45; writing the units handed over went from 32-105 ms to 13-29 a worker
 try:
-    from ._dispatch import RunCache as _RunCache
-    from ._dispatch import write_runs as _write_runs
+    from .._dispatch import RunCache as _RunCache
+    from .._dispatch import write_runs as _write_runs
 except ImportError:  # the extension is optional: without it, a Python loop copies the runs
     _RunCache = _write_runs = None
 
@@ -81,7 +83,7 @@ def map_file_python(path: str, size: int, create: bool):
 
 
 try:
-    from ._queue_file import map_file
+    from ..queues._queue_file import map_file
 
     MAPPINGS_HOLD_DESCRIPTORS = False  # a `_queue_file.Mapping` closes its file once it is mapped
 except ImportError:  # optional too: without it, queue files are mapped with Python's mmap module

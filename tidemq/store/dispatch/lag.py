@@ -15,7 +15,7 @@ import logging
 import mmap
 from pathlib import Path
 
-from . import record
+from ..format import record
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,9 @@ def _store_time_at(commit_log, offset: int) -> int | None:
 def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str, tuple[int, int]]:
     """{sink name: (bytes, milliseconds)} from the files of a store directory.  `queue_covered` is
     the ConsumeQueues' furthest indexed offset (exact after a clean shutdown)."""
-    from .check import segment_paths
-    from .index_file import IndexFile
-    from .key_index import index_paths
+    from ..index.index_file import IndexFile
+    from ..index.key_index import index_paths
+    from ..log.commit_log import segment_paths
 
     segments = {int(p.name): p for p in segment_paths(store_dir)}
     size = next(iter(segments.values())).stat().st_size if segments else 0
