@@ -1,9 +1,10 @@
-# `make run` starts the main job, `make test` runs the whole suite; both create .venv first.
+# `make run` starts the main job, `make test` runs the lint gate and the whole suite; both create
+# .venv first.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench install clean
+.PHONY: run test lint bench install clean
 
 # the compiled parts are built at install: a changed source installs again
 $(BIN)/.installed: pyproject.toml tidemq/store/log/_append.c tidemq/store/_dispatch.c tidemq/store/queues/_queue_file.c
@@ -17,7 +18,12 @@ install: $(BIN)/.installed
 run: install
 	$(BIN)/tidemq serve
 
-test: install
+# ruff and mypy over tidemq/ (their settings are in pyproject.toml): zero findings
+lint: install
+	$(BIN)/ruff check tidemq
+	$(BIN)/mypy tidemq
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 bench: install
