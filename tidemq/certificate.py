@@ -70,7 +70,7 @@ def _why_not_reusable(cert_path: Path, key_path: Path, hosts) -> str:
         names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (ValueError, x509.ExtensionNotFound) as exc:
         return f"the existing one is unreadable: {exc}"
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if not certificate.not_valid_before_utc <= now < certificate.not_valid_after_utc:
         return f"the existing one expired on {certificate.not_valid_after_utc:%Y-%m-%d}"
     named = {_canonical(str(n)) for n in names.get_values_for_type(x509.DNSName)}
@@ -96,7 +96,7 @@ def _write_self_signed(directory: Path, hosts) -> None:
             names.append(x509.DNSName(host))
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tidemq"),
                          x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
         .subject_name(subject).issuer_name(subject)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .broker_cli import DEFAULT_SERVER, _call, _print
 
@@ -44,18 +44,18 @@ def _target(p: argparse.ArgumentParser) -> None:
 
 
 def _time(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 def _describe(m: dict) -> list[str]:
     body = f"{m['body_size']} bytes" + (", gzip" if m["compressed"] else "")
     lines = [
         f"message {m['message_id'] or '-'}  offset id {m['offset_msg_id']}",
-        f"  topic {m['topic']}  queue {m['queue_id']}  queue offset {m['queue_offset']}"
-        f"  commit-log offset {m['commit_log_offset']}",
+        (f"  topic {m['topic']}  queue {m['queue_id']}  queue offset {m['queue_offset']}"
+         f"  commit-log offset {m['commit_log_offset']}"),
         f"  tags {m['tags'] or '-'}  keys [{' '.join(m['keys'])}]",
-        f"  stored {_time(m['store_timestamp'])} ({m['store_timestamp']}) on {m['store_host']}"
-        f"  born {_time(m['born_timestamp'])} on {m['born_host']}  reconsumed {m['reconsume_times']}",
+        (f"  stored {_time(m['store_timestamp'])} ({m['store_timestamp']}) on {m['store_host']}"
+         f"  born {_time(m['born_timestamp'])} on {m['born_host']}  reconsumed {m['reconsume_times']}"),
         "  properties " + json.dumps(m["properties"], sort_keys=True),
         f"  body {body}" + (": " + m["body_text"] if m["body_text"] is not None else " (not printable text)"),
     ]

@@ -72,17 +72,17 @@ OPTIONS = [
     ("--transaction-check-interval-ms", "transactionCheckInterval", "transaction_check_interval_ms",
      "time between check-backs of an open transaction"),
     ("--priority-retry-first-percent", "popFromRetryProbabilityForPriority", "priority_retry_first_percent",
-     "share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
-     "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)"),
+     ("share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
+      "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)")),
     ("--timer-max-delay-sec", "timerMaxDelaySec", "timer_max_delay_sec",
      "how far ahead a delay message's delivery time may be (default one day)"),
-    ("--event-loop", "eventLoop", "event_loop", "auto | uvloop | asyncio (auto: uvloop when installed, "
-     "it takes less CPU per call)"),
+    ("--event-loop", "eventLoop", "event_loop",
+     "auto | uvloop | asyncio (auto: uvloop when installed, it takes less CPU per call)"),
     # TLS
-    ("--tls", "tlsServerMode", "tls", "off | permissive | required: TLS and plaintext on the one port "
-     "(default permissive: both)"),
-    ("--tls-cert", "tlsCertPath", "tls_cert", "PEM certificate (chain) for TLS (default: a self-signed one "
-     "created under STORE/config/tls/)"),
+    ("--tls", "tlsServerMode", "tls",
+     "off | permissive | required: TLS and plaintext on the one port (default permissive: both)"),
+    ("--tls-cert", "tlsCertPath", "tls_cert",
+     "PEM certificate (chain) for TLS (default: a self-signed one created under STORE/config/tls/)"),
     ("--tls-key", "tlsKeyPath", "tls_key", "PEM private key of --tls-cert"),
     ("--max-concurrent-streams", "grpcMaxConcurrentStreams", "max_concurrent_streams",
      "streams (calls) one connection may have open at once (default 1000)"),

@@ -11,7 +11,7 @@ from . import admin_fields as fields
 from . import validation
 from .broker import Broker
 from .codes import BrokerError, Code
-from .metadata import TOPIC_TYPES, GroupConfig, TopicConfig, dead_letter_topic
+from .metadata import GroupConfig, TopicConfig, dead_letter_topic
 from .priority import DEFAULT_LEVELS
 
 

@@ -17,11 +17,11 @@ from ..store import Message, MessageStore, record
 from . import fifo, timers, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
+from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .filters import MATCH_ALL, Filter, parse_filter
 from .long_polling import LongPolling
 from .metadata import DLQ_PREFIX, GroupConfig, Metadata, TopicConfig, dead_letter_topic
 from .pop_journal import JournalWriteError, PopJournal, delivery_fields
-from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .pop_state import Delivery, Subscription
 from .priority import PriorityPop
 from .publishing import PeerHost, Publisher

@@ -64,5 +64,5 @@ class BrokerError(Exception):
         return f"BrokerError({self.code.name}, {self.message!r})"
 
     @classmethod
-    def from_name(cls, name: str, message: str) -> "BrokerError":
+    def from_name(cls, name: str, message: str) -> BrokerError:
         return cls(Code[name] if name in Code.__members__ else Code.INTERNAL_ERROR, message)

@@ -13,7 +13,7 @@ message in flight when the store moves is delivered again, never lost.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .config_files import ConsumerOffsets
 from .pop_state import Subscription

@@ -21,7 +21,8 @@ at the first FIFO pop after a start.  Owned by the broker's event loop, like the
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..store import MessageStore, record
 
@@ -76,7 +77,7 @@ class FifoState:
 
     __slots__ = ("sub", "wake", "chains", "chain_of", "pending")
 
-    def __init__(self, sub: "Subscription", wake: Callable[[], None]) -> None:
+    def __init__(self, sub: Subscription, wake: Callable[[], None]) -> None:
         self.sub = sub
         self.wake = wake  # tells the topic's waiting receivers that a message was released
         self.chains: dict[tuple[int, str], deque[int]] = {}  # (qid, message group) -> offsets not done
@@ -84,7 +85,7 @@ class FifoState:
         self.pending: dict[int, int] = {}  # qid -> entries in its chains
 
     @classmethod
-    def rebuild(cls, sub: "Subscription", store: MessageStore, wake: Callable[[], None]) -> "FifoState":
+    def rebuild(cls, sub: Subscription, store: MessageStore, wake: Callable[[], None]) -> FifoState:
         """Chains from the in-flight table.  A held head (its predecessor finished before a
         restart) is released; an entry whose record is gone forms its own chain, so that it comes
         due and is dropped."""
@@ -155,5 +156,5 @@ class FifoState:
         return released
 
 
-def has_held(sub: "Subscription") -> bool:
+def has_held(sub: Subscription) -> bool:
     return any(d.invisible_until == HELD for q in sub.queues.values() for d in q.in_flight.values())

@@ -54,7 +54,7 @@ def describe(rec: record.Record) -> dict:
         "queue_id": rec.queue_id, "queue_offset": rec.queue_offset, "commit_log_offset": rec.commit_log_offset,
         "tags": rec.tags, "keys": rec.keys, "properties": dict(rec.properties),
         "store_timestamp": rec.store_timestamp, "born_timestamp": rec.born_timestamp,
-        "store_host": "%s:%d" % rec.store_host, "born_host": "%s:%d" % rec.born_host,
+        "store_host": "{}:{}".format(*rec.store_host), "born_host": "{}:{}".format(*rec.born_host),
         "reconsume_times": rec.reconsume_times, "body_size": len(body), "compressed": compressed, "body_text": text,
     }
 

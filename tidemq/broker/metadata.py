@@ -13,8 +13,16 @@ from pathlib import Path
 from .admin_fields import TOPIC_TYPES, group_entry_problem, topic_entry_problem
 from .config import DEFAULT_RETRY_BACKOFF_MS
 from .config_files import (
-    GROUP_TABLE, GROUPS_FILE, LEGACY_GROUPS_FILE, TOPIC_TABLE, TOPICS_FILE, ConfigFile,
-    group_from_entry, group_to_entry, topic_from_entry, topic_to_entry,
+    GROUP_TABLE,
+    GROUPS_FILE,
+    LEGACY_GROUPS_FILE,
+    TOPIC_TABLE,
+    TOPICS_FILE,
+    ConfigFile,
+    group_from_entry,
+    group_to_entry,
+    topic_from_entry,
+    topic_to_entry,
 )
 
 __all__ = ["TOPIC_TYPES", "GroupConfig", "Metadata", "TopicConfig", "dead_letter_topic"]

@@ -23,8 +23,8 @@ import errno
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from .pop_state import Delivery, Subscription
 

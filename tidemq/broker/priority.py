@@ -29,7 +29,7 @@ Owned by the broker's event loop; no locks."""
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from collections.abc import Callable
 
 from .pop_state import Delivery, Subscription
 

@@ -10,9 +10,18 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from typing import Callable
+from collections.abc import Callable
 
-from ..store import FLUSH_SYNC, FlushTimeoutError, InvalidMessageError, Message, MessageStore, StoreClosedError, StoreError, record
+from ..store import (
+    FLUSH_SYNC,
+    FlushTimeoutError,
+    InvalidMessageError,
+    Message,
+    MessageStore,
+    StoreClosedError,
+    StoreError,
+    record,
+)
 from . import fifo, message_types, priority, timers, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig

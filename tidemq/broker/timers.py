@@ -48,8 +48,8 @@ import logging
 import os
 import re
 import struct
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from ..store import Message, MessageStore, record
 
@@ -512,7 +512,7 @@ class TimerService:
             wait = interval_ms if due is None else max(0, min(interval_ms, due - self.clock()))
             try:
                 await asyncio.wait_for(self._wake.wait(), wait / 1000)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def listener(self, loop) -> Callable[[dict], None]:

@@ -31,8 +31,8 @@ import asyncio
 import heapq
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable
 
 from ..store import Message, MessageStore, record
 from .codes import BrokerError, Code

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import zlib
 
-from ..store import record
 from ..store.recovery.quarantine import DAMAGED_PROPERTY
 from .codes import BrokerError, Code
 from .config import BrokerConfig

@@ -7,8 +7,9 @@ for none of tags/keys/unique_key/properties/tags_code skips the properties parse
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -131,10 +132,8 @@ def to_batch(records: list[record.Record], broker: str, schema: StructType, pa_s
 
 def to_rows(records: list[record.Record], broker: str, schema: StructType) -> list[tuple]:
     """The same values as plain tuples (the row path, kept for the benchmark's comparison)."""
-    from datetime import datetime, timezone
-
     def ts(ms: int) -> datetime:
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     getters = {
         "broker": lambda r: broker,

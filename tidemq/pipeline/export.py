@@ -81,7 +81,7 @@ def read_export(spark, out: str | os.PathLike):
 
     from .columns import SCHEMA
 
-    schema = StructType(list(SCHEMA.fields) + [StructField("day", DateType())])
+    schema = StructType([*SCHEMA.fields, StructField("day", DateType())])
     return spark.read.schema(schema).parquet(spark_location(out))
 
 

@@ -271,7 +271,7 @@ class Segment:
         elif not self.whole:
             self.file.close()
 
-    def __enter__(self) -> "Segment":
+    def __enter__(self) -> Segment:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -96,7 +96,7 @@ class KeyIndexSink(DataSource):
     def name(cls) -> str:
         return SINK_NAME
 
-    def writer(self, schema, overwrite: bool) -> "KeyIndexWriter":
+    def writer(self, schema, overwrite: bool) -> KeyIndexWriter:
         return KeyIndexWriter(self.options["path"], int(self.options["hashSlots"]), int(self.options["maxEntries"]))
 
 

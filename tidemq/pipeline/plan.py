@@ -244,7 +244,7 @@ def tail_damage(log: CommitLogDir) -> record.Invalid | None:
 def chain_end(log: CommitLogDir) -> int:
     """Where the newest segment's size chain ends (8 bytes read per record, nothing validated):
     a cheap bound on what has been written so far."""
-    for seg_start, path, size in reversed(segments(log.directory)):
+    for seg_start, path, _size in reversed(segments(log.directory)):
         segment = open_segment(path, seg_start)
         if segment is None:
             continue

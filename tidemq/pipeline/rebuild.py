@@ -25,12 +25,11 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -185,7 +184,7 @@ class QueueUnitsSource(CommitLogDataSource):
     def schema(self) -> StructType:
         return UNITS_SCHEMA
 
-    def reader(self, schema: StructType) -> "QueueUnitsReader":
+    def reader(self, schema: StructType) -> QueueUnitsReader:
         return QueueUnitsReader(self._logs(), self.options)
 
     def streamReader(self, schema: StructType):
@@ -272,7 +271,7 @@ class ConsumeQueueSink(DataSource):
     def name(cls) -> str:
         return SINK_NAME
 
-    def writer(self, schema, overwrite: bool) -> "ConsumeQueueWriter":
+    def writer(self, schema, overwrite: bool) -> ConsumeQueueWriter:
         return ConsumeQueueWriter(self.options["path"], int(self.options["unitsPerFile"]), self.options.get("summaryFile"))
 
 

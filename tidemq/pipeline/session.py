@@ -21,8 +21,8 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 JAVA_HELP = (
     "the Spark pipeline needs a Java runtime (17 or newer) and found none: install one "
@@ -110,7 +110,7 @@ def session_conf(master: str, conf: Mapping[str, str] | None) -> dict[str, str]:
     ship = str(settings.pop(SHIP_PACKAGE, "true")).lower() != "false"
     if ship and not is_local(master):
         py_files = [f for f in settings.get("spark.submit.pyFiles", "").split(",") if f]
-        settings["spark.submit.pyFiles"] = ",".join(py_files + [package_zip()])
+        settings["spark.submit.pyFiles"] = ",".join([*py_files, package_zip()])
     return settings
 
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
@@ -43,6 +44,9 @@ from . import plan as planning
 from .errors import CorruptLogError
 from .files import Segment
 from .plan import NO_END, CommitLogDir, SegmentRange
+
+if TYPE_CHECKING:
+    from .stream import CommitLogStreamReader
 
 log = logging.getLogger(__name__)
 
@@ -198,10 +202,10 @@ class CommitLogDataSource(DataSource):
             raise ValueError(f"option brokers names {len(names)} broker(s) for {len(paths)} path(s)")
         return planning.resolve(paths, names)
 
-    def reader(self, schema: StructType) -> "CommitLogReader":
+    def reader(self, schema: StructType) -> CommitLogReader:
         return CommitLogReader(self._logs(), self.options, schema)
 
-    def streamReader(self, schema: StructType) -> "CommitLogStreamReader":
+    def streamReader(self, schema: StructType) -> CommitLogStreamReader:
         from .stream import CommitLogStreamReader
 
         return CommitLogStreamReader(self._logs(), self.options, schema)

@@ -23,7 +23,7 @@ import errno
 import logging
 import socket
 import ssl
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class SniffingListener:
         self._handovers: set[asyncio.Task] = set()
         self._closed = False
 
-    async def __call__(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int) -> "SniffingListener":
+    async def __call__(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int) -> SniffingListener:
         self.loop = asyncio.get_running_loop()
         self._protocol_factory = protocol_factory
         addresses = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -183,7 +183,7 @@ class SniffingListener:
                                                         ssl_handshake_timeout=self.handshake_timeout)
             else:
                 await self.loop.connect_accepted_socket(self._protocol_factory, connection)
-        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:  # ssl.SSLError is an OSError
+        except (TimeoutError, OSError, ConnectionError) as exc:  # ssl.SSLError is an OSError
             log.info("closing a %s connection from %s: %s", "TLS" if tls else "plaintext", peer,
                      exc or type(exc).__name__)
             connection.close()

@@ -13,12 +13,35 @@ import logging
 import struct
 import time
 
-from ..http2 import (DataReceived, DataSent, H2Connection, ProtocolError, RequestReceived, StreamClosed, StreamReset,
-                     TrailersReceived)
-from ..http2 import frames, hpack
+from ..http2 import (
+    DataReceived,
+    DataSent,
+    H2Connection,
+    ProtocolError,
+    RequestReceived,
+    StreamClosed,
+    StreamReset,
+    TrailersReceived,
+    frames,
+    hpack,
+)
 from .calls import BIDI_STREAM, Rpc
-from .framing import (FOREVER, INTERNAL, MESSAGE_PREFIX, NOT_METADATA, OK, OK_TRAILERS, RESOURCE_EXHAUSTED,
-                      RESPONSE_HEADERS, UNIMPLEMENTED, Refused, binary_metadata, inflate, parse_timeout, trailers)
+from .framing import (
+    FOREVER,
+    INTERNAL,
+    MESSAGE_PREFIX,
+    NOT_METADATA,
+    OK,
+    OK_TRAILERS,
+    RESOURCE_EXHAUSTED,
+    RESPONSE_HEADERS,
+    UNIMPLEMENTED,
+    Refused,
+    binary_metadata,
+    inflate,
+    parse_timeout,
+    trailers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -310,9 +333,9 @@ class Connection(asyncio.Protocol):
         if not rpc.headers_sent:
             rpc.headers_sent = True
             h2.send_headers(rpc.stream_id, RESPONSE_HEADERS)
-        if h2.send_data(rpc.stream_id, MESSAGE_PREFIX.pack(0, len(data)) + data, token=written or _WRITTEN):
-            if written is not None:
-                written.set_result(True)
+        sent = h2.send_data(rpc.stream_id, MESSAGE_PREFIX.pack(0, len(data)) + data, token=written or _WRITTEN)
+        if sent and written is not None:
+            written.set_result(True)
         self._schedule_flush()
 
     def finish(self, rpc: Rpc, code: int, details: str = "", message: bytes | None = None) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 UNARY, SERVER_STREAM, BIDI_STREAM = "unary", "server-stream", "bidi-stream"
 
@@ -125,7 +126,7 @@ class Resume:
             except GeneratorExit:
                 coroutine.close()
                 raise
-            except BaseException as exc:  # noqa: B036 - thrown in by the task (a cancellation)
+            except BaseException as exc:  # thrown in by the task (a cancellation)
                 try:
                     waiting = coroutine.throw(exc)
                 except StopIteration as stop:

@@ -6,8 +6,8 @@ from functools import lru_cache
 from hashlib import md5
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
-from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker import priority as priorities
+from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
 from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED, TransactionCheck
 from ...broker.validation import RESERVED_PROPERTIES

@@ -97,7 +97,7 @@ class GrpcServer:
         self._check_idle()
         try:
             await asyncio.wait_for(asyncio.shield(self._idle), grace)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             for connection in list(self._connections):
                 connection.cancel_all()
         tasks = [t for t in self._tasks if not t.done()]

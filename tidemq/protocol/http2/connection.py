@@ -290,7 +290,7 @@ class H2Connection:
         stream.data_length += len(data)
         end = flags & f.END_STREAM
         if stream.content_length is not None and (stream.data_length > stream.content_length or
-                                                  end and stream.data_length != stream.content_length):
+                                                  (end and stream.data_length != stream.content_length)):
             self._stream_error(stream_id, f.PROTOCOL_ERROR, events)
             return
         if end:
