@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, overload
 
 from .dispatch.lag import milliseconds_behind, sink_lags
 from .dispatch.parallel import ParallelDispatcher
@@ -344,6 +344,11 @@ class MessageStore:
             if blocking:
                 group_commit.end()
         return result
+
+    @overload
+    def put_unflushed(self, messages: Message) -> tuple[PutResult, int]: ...
+    @overload
+    def put_unflushed(self, messages: list[Message]) -> tuple[list[PutResult], int]: ...
 
     def put_unflushed(self, messages: Message | list[Message]) -> tuple[PutResult | list[PutResult], int]:
         """Append one message (or a non-empty batch, as `put_batch`) without waiting for the flush

@@ -277,6 +277,15 @@ class Record:
     def msg_id(self) -> str:
         return message_id(self.store_host, self.commit_log_offset)
 
+    @property
+    def body_bytes(self) -> bytes:
+        """The body as bytes (a memoryview's are copied).  A record decoded without its body has
+        none: asking is a ValueError."""
+        body = self.body
+        if body is None:
+            raise ValueError(f"the record at {self.commit_log_offset} was decoded without its body")
+        return body if type(body) is bytes else bytes(body)
+
 
 @dataclass(slots=True, frozen=True)
 class EndOfSegment:
