@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 DEFAULT_SERVER = "127.0.0.1:8081"
 
@@ -76,7 +78,7 @@ def _call(args: argparse.Namespace, method: str, **arguments):
         except grpc.RpcError as exc:
             raise SystemExit(f"tidemq: cannot reach a broker at {address} ({exc.code().name}: {exc.details()}); "
                              "give --server HOST:PORT, or --store DIR for a stopped broker") from None
-    functions = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
+    functions: dict[str, Callable[..., Any]] = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
                  "CreateGroup": admin.create_group, "UpdateGroup": admin.update_group, "ListGroups": admin.list_groups}
     with _offline_broker(args.store) as broker:
         return functions[method](broker, **arguments)

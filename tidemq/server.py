@@ -74,7 +74,7 @@ class Server:
         return self.port
 
     async def stop(self) -> None:
-        if self.grpc_server is not None:
+        if self.grpc_server is not None and self.broker is not None:  # started: both are set
             self.broker.stop_polling()
             self.service.closing.set()
             await self.grpc_server.stop(self.options.grace_seconds)

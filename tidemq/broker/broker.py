@@ -283,8 +283,9 @@ class Broker:
     async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
         results = await self.publisher.send_batch(messages, peer_host)
         for i, msg in enumerate(messages):
-            if msg.message_type == TRANSACTION and isinstance(results[i], SendResult):
-                results[i] = self.transactions.prepared(msg, results[i])
+            result = results[i]
+            if msg.message_type == TRANSACTION and isinstance(result, SendResult):
+                results[i] = self.transactions.prepared(msg, result)
         return results
 
     async def end_transaction(self, topic: str, message_id: str, transaction_id: str, resolution: str) -> None:
@@ -554,7 +555,7 @@ class Broker:
         self._check_names(group, topic)
         sub = self.subscriptions.get((group, topic))
         d = sub.lookup(handle, self.clock()) if sub is not None else None
-        if d is None:
+        if sub is None or d is None:
             raise BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired")
         return sub, d
 
@@ -567,11 +568,14 @@ class Broker:
         """Ack several deliveries with one journal line; per handle None or why it failed."""
         self._check_names(group, topic)
         sub = self.subscriptions.get((group, topic))
+        if sub is None:
+            return [BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired")
+                    for _ in handles]
         now = self.clock()
         results: list[BrokerError | None] = []
         done: dict[tuple[int, int], int] = {}  # (queue id, offset) -> index in results
         for handle in handles:
-            d = sub.lookup(handle, now) if sub is not None else None
+            d = sub.lookup(handle, now)
             if d is None or (d.queue_id, d.queue_offset) in done:
                 results.append(BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired"))
                 continue
@@ -637,7 +641,7 @@ class Broker:
                 properties[PROPERTY_MAX_RECONSUME_TIMES] = str(group.retry_max_times)
                 try:
                     await self.publisher.put([Message(
-                        topic=dlq.name, body=rec.body, queue_id=0, properties=properties,
+                        topic=dlq.name, body=rec.body_bytes, queue_id=0, properties=properties,
                         flag=rec.flag, sysflag=rec.sysflag & record.FLAG_COMPRESSED,
                         born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=d.attempt,
                     )])

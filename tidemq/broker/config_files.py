@@ -53,7 +53,7 @@ GROUP_KEYS = {"name": "groupName", "retry_max_times": "retryMaxTimes", "fifo": "
 
 # what RocketMQ 5.5.0 writes for a new entry, before tidemq's settings
 TOPIC_DEFAULTS = {"topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}
-GROUP_DEFAULTS = {
+GROUP_DEFAULTS: dict[str, Any] = {
     "consumeEnable": True, "consumeFromMinEnable": True, "consumeBroadcastEnable": True,
     "consumeMessageOrderly": False, "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
     "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True, "groupSysFlag": 0,

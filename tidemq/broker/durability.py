@@ -61,6 +61,7 @@ class DurableFutures:
                 future.set_result(None)
                 return future
             self._outstanding = True
+        assert group_commit is not None  # without one (async flush) the log is durable at once
         self._groups.append([end_offset, time.monotonic() + self._timeout, [future]])
         self._epoch = group_commit.fsyncs_started
         return future
@@ -79,9 +80,11 @@ class DurableFutures:
         while groups and groups[0][0] <= position:
             _succeed(groups.popleft()[2])
         now = time.monotonic()
+        group_commit = self._group_commit
         while groups and (stopping or groups[0][1] <= now):
+            assert group_commit is not None  # groups wait for an fsync of the group commit
             end_offset, _, futures = groups.popleft()
-            error = self._group_commit.timeout_error(end_offset)
+            error = group_commit.timeout_error(end_offset)
             for future in futures:
                 if not future.done():
                     future.set_exception(error)

@@ -112,6 +112,7 @@ def query_messages(broker: Broker, topic: str, key: str | None = None, tag: str 
         if tag is not None:
             found = [r for r in found if r.tags == tag]
     else:
+        assert tag is not None  # a query without a key or a tag is refused above
         found, complete = _by_tag(broker, topic, tag, begin, end, max_num)
     found.sort(key=lambda r: r.store_timestamp, reverse=True)
     complete = complete and len(found) <= max_num
@@ -161,7 +162,10 @@ async def resend_dead_letters(broker: Broker, group: str, id: str | None = None,
     async with lock:
         if not await asyncio.to_thread(broker.store.wait_dispatched, 30.0):
             raise BrokerError(Code.INTERNAL_ERROR, "the message index is behind the log; try again")
-        resent, already, failed, matched = [], [], [], 0
+        resent: list[dict] = []
+        already: list[str] = []
+        failed: list[dict] = []
+        matched = 0
         for rec in _dead_letters(broker, dlq):
             if id is not None and id.upper() != rec.msg_id and id != rec.unique_key:
                 continue
@@ -219,7 +223,7 @@ async def _resend(broker: Broker, dead: record.Record) -> tuple[str, int, str]:
     properties[PROPERTY_DLQ_RESENT_FROM] = dead.msg_id
     queue_id = dead.commit_log_offset % topic.queue_nums
     (result,) = await broker.publisher.put([Message(
-        topic=topic.name, body=bytes(dead.body), queue_id=queue_id,
+        topic=topic.name, body=dead.body_bytes, queue_id=queue_id,
         properties=properties, flag=dead.flag, sysflag=dead.sysflag & record.FLAG_COMPRESSED,
         born_timestamp=dead.born_timestamp, born_host=dead.born_host,
     )])

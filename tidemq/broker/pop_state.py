@@ -25,6 +25,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .fifo import FifoState
 
 
 @dataclass(slots=True)
@@ -77,7 +81,7 @@ class Subscription:
         self.queues: dict[int, QueueProgress] = {}
         self._due: list[tuple[int, int, int, int]] = []  # (invisible_until, qid, offset, generation), lazily stale
         self._compact_at = _COMPACT_MIN  # heap length at which stale entries are next counted
-        self.fifo = None  # fifo.FifoState while the group is FIFO (its message-group chains)
+        self.fifo: FifoState | None = None  # while the group is FIFO: its message-group chains
         # deliveries on their last allowed attempt (attempt >= dead_after), as _due: what the
         # broker's revive moves to the dead-letter queue once due, whether or not anyone polls
         self.dead_after: int | None = None  # the group's max delivery attempts; None: not yet told

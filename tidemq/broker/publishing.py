@@ -11,6 +11,7 @@ import asyncio
 import ipaddress
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from ..store import (
     FLUSH_SYNC,
@@ -18,6 +19,7 @@ from ..store import (
     InvalidMessageError,
     Message,
     MessageStore,
+    PutResult,
     StoreClosedError,
     StoreError,
     record,
@@ -29,6 +31,9 @@ from .durability import DurableFutures
 from .metadata import TopicConfig
 from .types import DELAY, FIFO, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
 from .withdrawn import Withdrawn
+
+if TYPE_CHECKING:
+    from .transactions import Transactions
 
 SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY, DELAY})
 
@@ -44,7 +49,7 @@ class Publisher:
         self.clock = config.clock
         self.topic = topic  # the broker's topic lookup (creates on first use when allowed)
         self.stats = stats
-        self.transactions = None  # transactions.Transactions: makes TRANSACTION sends half messages
+        self.transactions: Transactions  # makes TRANSACTION sends half messages; set by the broker
         self._put_inline = store.config.flush != FLUSH_SYNC
         self._durable: DurableFutures | None = None  # made on the event loop, at the first sync-flush send
         self.withdrawn = Withdrawn(store.directory / "pop")  # appended, then reported failed: never delivered
@@ -109,11 +114,12 @@ class Publisher:
                 qid = fifo.queue_for_group(msg.message_group, topic.queue_nums)
                 properties[fifo.PROPERTY_SHARDING_KEY] = msg.message_group
             elif msg.message_type == PRIORITY:  # its level's queue, whatever the topic's type (as RocketMQ)
+                assert msg.priority is not None  # check() refuses a priority message without one
                 qid = priority.queue_of(msg.priority, topic.queue_nums)
                 properties[priority.PROPERTY_PRIORITY] = str(msg.priority)
             else:
-                qid = queue_of.get(topic.name)
-                if qid is None:
+                qid = queue_of.get(topic.name, -1)
+                if qid < 0:
                     qid = queue_of[topic.name] = self._next_write_queue(topic)
             message = Message(
                 topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
@@ -138,7 +144,7 @@ class Publisher:
                     results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset,
                                             recall_handle=self._recall_handle(message))
                     self.stats["sent"] += 1
-        return results
+        return cast("list[SendResult | BrokerError]", results)  # each message has its result now
 
     async def _store(self, messages: list[Message]) -> list:
         """Per message, its store result or why it was not stored.  The store takes a batch
@@ -160,9 +166,11 @@ class Publisher:
         topic itself once it is not), or in its delay level's schedule queue."""
         if msg.delay_level > 0:
             return timers.delay_level_message(message, msg.delay_level)
-        message.properties[timers.PROPERTY_TIMER_DELIVER_MS] = str(msg.delivery_timestamp)
-        if msg.delivery_timestamp > self.clock():
-            return timers.timer_message(message, msg.delivery_timestamp)
+        deliver_at = msg.delivery_timestamp
+        assert deliver_at is not None  # a delay message has a delay level or a delivery time
+        message.properties[timers.PROPERTY_TIMER_DELIVER_MS] = str(deliver_at)
+        if deliver_at > self.clock():
+            return timers.timer_message(message, deliver_at)
         return message
 
     def _recall_handle(self, message: Message) -> str:
@@ -189,7 +197,7 @@ class Publisher:
             return known
         return peer_host() if callable(peer_host) else peer_host
 
-    async def put(self, messages: list[Message]):
+    async def put(self, messages: list[Message]) -> list[PutResult]:
         """Append, then wait (without a thread) until the flush policy is satisfied; raises
         BrokerError."""
         try:
@@ -197,7 +205,7 @@ class Publisher:
         except StoreError as exc:
             raise _refusal(exc) from None
 
-    async def _append_and_wait(self, messages: list[Message]):
+    async def _append_and_wait(self, messages: list[Message]) -> list[PutResult]:
         results, end = self.store.put_unflushed(messages)
         if self._put_inline:  # async flush: written is stored
             return results
@@ -207,7 +215,7 @@ class Publisher:
         try:
             await durable.after(end)
         except BaseException:  # the sender hears of a failure (or nothing): the records must not be seen
-            self.withdrawn.add([r.commit_log_offset for r in (results if type(results) is list else [results])])
+            self.withdrawn.add([r.commit_log_offset for r in results])
             raise
         return results
 

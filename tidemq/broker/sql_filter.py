@@ -358,21 +358,32 @@ def _float(text: str) -> _Node:
     return _Const(v)
 
 
+def _string(tree, depth: int) -> str:
+    """The text of a `string` tree (a quoted literal)."""
+    if depth > MAX_DEPTH:
+        raise _Invalid(f"nested deeper than {MAX_DEPTH}")
+    token = tree.children[0] if isinstance(tree, lark.Tree) and tree.data == "string" else None
+    if not isinstance(token, lark.Token):
+        raise _Invalid(f"unexpected {tree}")
+    return _unquote(token)
+
+
 def _build(tree, depth: int = 0) -> _Node:
     """The evaluator of a parse tree (bottom up, with RocketMQ's compile-time checks)."""
     if depth > MAX_DEPTH:
         raise _Invalid(f"nested deeper than {MAX_DEPTH}")
 
-    def sub(t):
+    def sub(t) -> _Node:
         return _build(t, depth + 1)
+
+    def text(t) -> str:
+        return _string(t, depth + 1)
 
     if isinstance(tree, lark.Token):
         raise _Invalid(f"unexpected {tree}")
     kind, c = tree.data, tree.children
-    if kind == "string":
-        return _unquote(c[0])
     if kind == "string_literal":
-        return _Const(sub(c[0]))
+        return _Const(text(c[0]))
     if kind == "decimal":
         return _decimal(c[0])
     if kind == "float_":
@@ -412,14 +423,14 @@ def _build(tree, depth: int = 0) -> _Node:
     negated = kind.startswith("not_")
     name = kind[4:] if negated else kind
     if name in texts:
-        return _text_test(left, sub(c[-1]), texts[name], negated)
+        return _text_test(left, text(c[-1]), texts[name], negated)
     if kind == "between":
         return _between(left, sub(c[2]), sub(c[4]))
     if kind == "not_between":
         low, high = sub(c[3]), sub(c[5])
         return _or(_ordering(left, low, lambda r: r < 0), _ordering(left, high, lambda r: r > 0))
     if name == "in_" or kind == "not_in":
-        items = [sub(t) for t in c[1:] if isinstance(t, lark.Tree)]
+        items = [text(t) for t in c[1:] if isinstance(t, lark.Tree)]
         return _in(left, items, negated)
     raise _Invalid(f"unknown construct {kind}")
 

@@ -50,8 +50,12 @@ import re
 import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..store import Message, MessageStore, record
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +167,7 @@ def released_message(rec: record.Record, now: int, enqueued_ms: int | None = Non
     keys = properties.get(record.PROPERTY_KEYS)
     for name in (record.PROPERTY_TAGS, record.PROPERTY_KEYS):
         properties.pop(name, None)
-    return Message(topic=topic, body=bytes(rec.body), queue_id=int(qid), tags=tags,
+    return Message(topic=topic, body=rec.body_bytes, queue_id=int(qid), tags=tags,
                    keys=[k for k in keys.split(record.KEY_SEPARATOR) if k] if keys else None,
                    properties=properties, flag=rec.flag, sysflag=rec.sysflag,
                    born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=rec.reconsume_times)
@@ -228,7 +232,7 @@ class TimerService:
         self._dirty = False
         self._timercheck_counter = 0
         self.stats = {"timers_released": 0, "timers_recalled": 0, "delay_levels_released": 0}
-        self._wake = None
+        self._wake: asyncio.Event | None = None  # made by run(), on its loop
         self._open()
 
     # -- checkpoint --------------------------------------------------------------------------
@@ -332,7 +336,7 @@ class TimerService:
                 read += 1
                 rec = store.read_unit(unit)
                 due = due_of(rec) if rec is not None else None
-                if due is None:
+                if rec is None or due is None:
                     self._mark_done(offset)
                     continue
                 key = due << _OFFSET_BITS | offset
@@ -492,10 +496,10 @@ class TimerService:
         something changed.  `flush` makes the releases durable before a checkpoint."""
         import asyncio
 
-        self._wake = asyncio.Event()
+        wake = self._wake = asyncio.Event()
         last_checkpoint = self.clock()
         while True:
-            self._wake.clear()  # arrivals from here on wake the wait below
+            wake.clear()  # arrivals from here on wake the wait below
             try:
                 await self.release_due()
                 now = self.clock()
@@ -511,7 +515,7 @@ class TimerService:
             due = self.next_due()
             wait = interval_ms if due is None else max(0, min(interval_ms, due - self.clock()))
             try:
-                await asyncio.wait_for(self._wake.wait(), wait / 1000)
+                await asyncio.wait_for(wake.wait(), wait / 1000)
             except TimeoutError:
                 pass
 

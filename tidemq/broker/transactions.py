@@ -107,14 +107,14 @@ def committed(half: record.Record) -> Message:
     topic = properties.pop(PROPERTY_REAL_TOPIC)
     queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
     properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
-    return Message(topic=topic, body=bytes(half.body), queue_id=queue_id, properties=properties, flag=half.flag,
+    return Message(topic=topic, body=half.body_bytes, queue_id=queue_id, properties=properties, flag=half.flag,
                    sysflag=(half.sysflag & ~record.TRANSACTION_TYPE_MASK) | record.TRANSACTION_COMMIT,
                    born_timestamp=half.born_timestamp, born_host=half.born_host, reconsume_times=half.reconsume_times,
                    prepared_transaction_offset=half.commit_log_offset)
 
 
 def _copy(half: record.Record, topic: str, properties: dict[str, str]) -> Message:
-    return Message(topic=topic, body=bytes(half.body), queue_id=0, properties=properties, flag=half.flag,
+    return Message(topic=topic, body=half.body_bytes, queue_id=0, properties=properties, flag=half.flag,
                    sysflag=half.sysflag, born_timestamp=half.born_timestamp, born_host=half.born_host,
                    reconsume_times=half.reconsume_times)
 
@@ -129,7 +129,7 @@ def op_offsets(op: record.Record) -> list[int]:
     if op.tags != REMOVE_TAG or op.body is None:
         return []
     out = []
-    for part in bytes(op.body).decode("ascii", "replace").split(OFFSET_SEPARATOR):
+    for part in op.body_bytes.decode("ascii", "replace").split(OFFSET_SEPARATOR):
         if part.strip().lstrip("-").isdigit():
             out.append(int(part))
     return out
