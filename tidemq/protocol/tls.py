@@ -67,8 +67,9 @@ class SniffingListener:
         self.handshake_timeout = handshake_timeout
         self.max_waiting = max_waiting
         self.sockets: list[socket.socket] = []
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._protocol_factory: Callable[[], asyncio.Protocol] | None = None
+        # both set by the call that starts listening, before any socket is watched
+        self.loop: asyncio.AbstractEventLoop
+        self._protocol_factory: Callable[[], asyncio.Protocol]
         self._waiting: dict[socket.socket, asyncio.TimerHandle] = {}  # accepted, first byte not seen
         self._handovers: set[asyncio.Task] = set()
         self._closed = False

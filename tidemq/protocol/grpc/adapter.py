@@ -12,6 +12,7 @@ import asyncio
 import logging
 import struct
 import time
+from collections.abc import Sequence
 
 from ..http2 import (
     DataReceived,
@@ -60,7 +61,7 @@ class Connection(asyncio.Protocol):
         self.loop = server.loop
         self.limits = server.limits
         self.h2 = H2Connection(server.limits)
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # from connection_made, before any other call
         self.peer = "unknown"
         self.streams: dict[int, Rpc] = {}  # the calls in flight
         self.not_grpc: dict[int, bytes] = {}  # requests that are not gRPC, answered (this status) once read
@@ -191,8 +192,10 @@ class Connection(asyncio.Protocol):
             if event.end_stream and stream_id in self.not_grpc:
                 self._answer_not_grpc(stream_id)
             return
+        received = rpc.received
+        assert received is not None  # held until the client's side of the call closes
         if rpc.method.kind == BIDI_STREAM:
-            rpc.received += data
+            received += data
             self._read_messages(rpc)
             if rpc.messages and not rpc.cancelled:  # unread: given back once the handler reads them
                 rpc.unacknowledged += len(data)
@@ -200,7 +203,6 @@ class Connection(asyncio.Protocol):
                 self.acknowledge(rpc, len(data))
         elif data:  # taken into the request message (within the limits) or dropped with the call
             self.h2.acknowledge_received_data(stream_id, len(data))
-            received = rpc.received
             received += data
             self.buffered += len(data)
             limit = self.server.max_receive_message_length
@@ -233,6 +235,7 @@ class Connection(asyncio.Protocol):
             rpc._deliver(None)
             return
         received = rpc.received
+        assert received is not None  # held until the client's side of the call closes
         rpc.received = None
         self.buffered -= len(received)
         try:
@@ -272,6 +275,7 @@ class Connection(asyncio.Protocol):
     def _read_messages(self, rpc: Rpc) -> None:
         """Deliver the whole messages received on a bidi stream to its handler."""
         received = rpc.received
+        assert received is not None  # held until the client's side of the call closes
         try:
             messages, rest = self._cut_messages(rpc, received)
         except Refused as exc:
@@ -361,7 +365,7 @@ class Connection(asyncio.Protocol):
             self._drop(rpc, cancelled=False)
         self._schedule_flush()
 
-    def _drop(self, rpc: Rpc, cancelled: bool, unsent: list = ()) -> None:
+    def _drop(self, rpc: Rpc, cancelled: bool, unsent: Sequence = ()) -> None:
         """Forget `rpc`; if it was cancelled (reset, or the connection lost), its handler is
         cancelled and what it had not written is reported."""
         if self.streams.pop(rpc.stream_id, None) is None:

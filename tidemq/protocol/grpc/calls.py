@@ -43,12 +43,12 @@ class Rpc:
         self.method = method
         self.metadata = metadata  # ((key, value), ...)
         self.deadline = deadline  # seconds since the epoch
-        self.request = None
+        self.request: Any = None  # the request's bytes, then its decoded message
         self.task: asyncio.Task | None = None
         self.cancelled = False
         self.on_unwritten: Callable[[int], None] | None = None
         self.encoding = encoding  # grpc-encoding of the request messages
-        self.received = bytearray()  # request bytes not yet cut into messages
+        self.received: bytearray | None = bytearray()  # request bytes not yet cut into messages
         self.remote_closed = False  # the client ended its side
         self.headers_sent = False
         self.finished = False  # the status is queued: nothing more is written

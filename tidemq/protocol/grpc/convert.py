@@ -153,7 +153,7 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
                            invisible_ms: int) -> None:
     """Write a delivered record into the empty message `m` (in place: the caller passes the
     message field of the stream response, so nothing is copied)."""
-    body = rec.body if isinstance(rec.body, bytes) else bytes(rec.body)
+    body = rec.body_bytes
     properties = rec.properties
     m.body = body
     topic = m.topic

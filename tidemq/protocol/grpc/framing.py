@@ -4,14 +4,24 @@ status trailers, metadata values, timeouts, and compressed request messages.  Pu
 from __future__ import annotations
 
 import base64
+import importlib
 import struct
-
-try:  # zlib-ng inflates about ten times faster: the event loop's turn is shorter
-    from zlib_ng import zlib_ng as zlib
-except ImportError:  # pragma: no cover - a dependency, but the standard zlib does the same
-    import zlib
+from types import ModuleType
 
 from ..http2 import hpack
+
+
+def _zlib() -> ModuleType:
+    """zlib-ng inflates faster (the event loop's turn is shorter); the standard
+    zlib has the same API.  (zlib-ng's type stub declares `error` an instance, not the class it
+    is: the module is typed as a plain module.)"""
+    try:
+        return importlib.import_module("zlib_ng.zlib_ng")
+    except ImportError:  # pragma: no cover - a dependency
+        return importlib.import_module("zlib")
+
+
+zlib = _zlib()
 
 # gRPC status codes
 OK, CANCELLED, UNKNOWN, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 1, 2, 8, 12, 13

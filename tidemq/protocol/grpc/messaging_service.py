@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 
-from ...broker import Broker, BrokerError, Code, ReceiveRequest, validation
+from ...broker import Broker, BrokerError, Code, Publish, ReceiveRequest, validation
 from . import convert
 from .stubs import pb, svc
 from .transport import BIDI_STREAM, SERVER_STREAM, UNARY, Method, Rpc
@@ -146,7 +146,7 @@ class MessagingService:
     async def SendMessage(self, request, rpc):
         if not request.messages:
             raise BrokerError(Code.BAD_REQUEST, "no message to send")
-        publishes = []
+        publishes: list[Publish | BrokerError] = []
         for message in request.messages:
             try:
                 publishes.append(convert.publish_from(message))
@@ -168,7 +168,7 @@ class MessagingService:
                                     transaction_id=result.transaction_id,
                                     recall_handle=result.recall_handle)
                 entry.status.CopyFrom(convert.OK)
-        _set_overall_status(response, failed)
+        _set_overall_status(response, failed > 0)
         return response
 
     @unary(svc.QueryAssignmentResponse)

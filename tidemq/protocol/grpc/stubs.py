@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from typing import TYPE_CHECKING
 
 PACKAGES = ("rocketmq", "rocketmq.grpc_protocol")
 
@@ -23,17 +24,19 @@ def _register_unrun(name: str) -> None:
     if name in sys.modules:
         return
     spec = importlib.util.find_spec(name)
-    if spec is None:
+    if spec is None or spec.loader is None:
         raise ImportError(f"no module named {name!r}: install rocketmq-python-client")
     module = importlib.util.module_from_spec(spec)
+    loader = spec.loader
 
-    def run_init(attribute: str):
+    def run_init(attribute: str) -> object:
         # the first look-up the package itself must answer: run its __init__ now, once
         del module.__dict__["__getattr__"]
-        spec.loader.exec_module(module)
+        loader.exec_module(module)
         return getattr(module, attribute)
 
-    module.__getattr__ = run_init
+    # a module's __getattr__ lives in its __dict__ (PEP 562)
+    module.__dict__["__getattr__"] = run_init
     sys.modules[name] = module
     parent, _, child = name.rpartition(".")
     if parent:
@@ -48,7 +51,11 @@ for _name in PACKAGES:
 import rocketmq.grpc_protocol.definition_pb2  # noqa: E402
 import rocketmq.grpc_protocol.service_pb2  # noqa: E402,F401
 
-pb = sys.modules["rocketmq.grpc_protocol.definition_pb2"]
-svc = sys.modules["rocketmq.grpc_protocol.service_pb2"]
+if TYPE_CHECKING:
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as svc
+else:
+    pb = sys.modules["rocketmq.grpc_protocol.definition_pb2"]
+    svc = sys.modules["rocketmq.grpc_protocol.service_pb2"]
 
 __all__ = ["pb", "svc"]

@@ -77,16 +77,19 @@ class GrpcServer:
 
     def _tick(self) -> None:
         """Once a second: the connections' time limits."""
-        now = self.loop.time()
+        loop = self.loop
+        assert loop is not None  # set by start()
+        now = loop.time()
         for connection in list(self._connections):
             connection.check_time(now)
-        self._clock = self.loop.call_later(1.0, self._tick)
+        self._clock = loop.call_later(1.0, self._tick)
 
     async def stop(self, grace: float) -> None:
         """Accept no new connection or call; give the calls in flight `grace` seconds, then cancel
         them, wait for their handlers, and close every connection."""
         if self._server is None:
             return
+        assert self.loop is not None  # set by start(), with _server
         self._stopping = True
         self._server.close()
         if self._clock is not None:
@@ -148,6 +151,7 @@ class GrpcServer:
         self._spawn(rpc, self._respond_later(rpc, Resume(response, waiting), respond))
 
     def _spawn(self, rpc: Rpc, coroutine) -> None:
+        assert self.loop is not None  # set by protocol(), before any call
         task = rpc.task = self.loop.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

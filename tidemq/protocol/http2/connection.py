@@ -224,9 +224,10 @@ class H2Connection:
         events: list = []
         try:
             if not self._magic_received:
-                data = self._receive_preface(data)
-                if data is None:
+                after_preface = self._receive_preface(data)
+                if after_preface is None:
                     return events
+                data = after_preface
             handlers = self._handlers
             for ftype, flags, stream_id, payload in self._frames.feed(data):
                 if self._continuing is not None and ftype != f.CONTINUATION:
