@@ -88,7 +88,7 @@ def _canonical(host: str) -> str:
 
 def _write_self_signed(directory: Path, hosts) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    names = []
+    names: list[x509.GeneralName] = []
     for host in hosts:
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))

@@ -84,7 +84,7 @@ def _store_query(args: argparse.Namespace) -> int:
         keys = " ".join(rec.keys)
         print(
             f"{rec.msg_id}  {rec.topic}/{rec.queue_id} offset {rec.queue_offset}  stored {rec.store_timestamp}  "
-            f"uniq {rec.unique_key or '-'}  keys [{keys}]  {rec.total_size} bytes  body {bytes(rec.body)[:64]!r}"
+            f"uniq {rec.unique_key or '-'}  keys [{keys}]  {rec.total_size} bytes  body {rec.body_bytes[:64]!r}"
         )
     print(f"{len(found)} message(s)")
     return 0 if found else 1

@@ -89,8 +89,8 @@ def _stats(args: argparse.Namespace) -> int:
     spark = _session(args)
     with _progress(spark, args):
         report = stats(spark, args.store, bucket_seconds=args.bucket, partition_size=args.partition_size, **_offsets(args))
-    for line in report.messages:
-        print(f"warning: {line}")
+    for warning in report.messages:
+        print(f"warning: {warning}")
 
     def line(name: str, t) -> str:
         return f"  {name:<40} {t.messages:>10} msgs {t.bytes:>14} bytes  {t.first_store_time} .. {t.last_store_time}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -84,8 +85,9 @@ def _timestamps(values: list[int], arrow_type: pa.DataType) -> pa.Array:
 
 
 def _bodies(records: list[record.Record], arrow_type: pa.DataType) -> pa.Array:
-    # one copy: the bodies joined into one buffer, with an offsets buffer beside it
-    views = [r.body for r in records]
+    # one copy: the bodies joined into one buffer, with an offsets buffer beside it (the records
+    # are decoded with their bodies when this column is read)
+    views = cast("list[bytes | memoryview]", [r.body for r in records])
     lengths = np.fromiter((len(v) for v in views), dtype=np.int32, count=len(views))
     offsets = np.zeros(len(views) + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -147,7 +149,7 @@ def to_rows(records: list[record.Record], broker: str, schema: StructType) -> li
         "keys": lambda r: r.keys,
         "unique_key": lambda r: r.unique_key,
         "properties": lambda r: dict(r.properties),
-        "body": lambda r: bytes(r.body),
+        "body": lambda r: r.body_bytes,
         "born_timestamp": lambda r: ts(r.born_timestamp),
         "store_timestamp": lambda r: ts(r.store_timestamp),
         "born_host": lambda r: format_host(r.born_host),

@@ -95,9 +95,12 @@ class QueueFilesWriter:
 
     def _buffer_for(self, slot: int) -> tuple[int, bytearray]:
         start = slot - slot % self.units_per_file
-        while self.next_file <= start:
-            self.buffers[self.next_file] = bytearray(self.file_bytes)
-            self.next_file += self.units_per_file
+        next_file = self.next_file
+        assert next_file is not None  # _start ran at the first entry
+        while next_file <= start:
+            self.buffers[next_file] = bytearray(self.file_bytes)
+            next_file += self.units_per_file
+        self.next_file = next_file
         return start, self.buffers[start]
 
     def add(self, queue_offsets: np.ndarray, units: np.ndarray) -> None:
@@ -378,7 +381,7 @@ def rebuild(
     hash_slots, max_entries = hash_slots or geometry[0], max_entries or geometry[1]
     lock = stopped_store(Path(store)) if in_place else contextlib.nullcontext()
     with lock:
-        target = os.path.join(store, "rebuild.tmp") if in_place else files.normalize(out)
+        target = files.normalize(out) if out is not None else os.path.join(store, "rebuild.tmp")  # one of them
         if in_place:
             shutil.rmtree(target, ignore_errors=True)
         files.makedirs(target)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -89,7 +89,7 @@ class ReadSettings:
         self.read_properties = bool(self.names & cols.NEEDS_PROPERTIES)
 
 
-def record_batches(part: SegmentRange, settings: ReadSettings) -> Iterator[list[record.Record]]:
+def record_batches(part: InputPartition, settings: ReadSettings) -> Iterator[list[record.Record]]:
     """Decode the records starting in `part`, in lists of up to `batch_size` records.  Bodies are
     views into the segment's bytes: use them before asking for the next list."""
     if not isinstance(part, SegmentRange):
@@ -100,11 +100,14 @@ def record_batches(part: SegmentRange, settings: ReadSettings) -> Iterator[list[
     base = part.segment_start
     pos = part.lo - base
     stop = part.hi - base
-    options = {"check_crc": settings.check_crc, "read_body": settings.read_body, "read_properties": settings.read_properties}
+    check_crc, read_body, read_properties = settings.check_crc, settings.read_body, settings.read_properties
+    decode: Callable[[int], record.DecodeResult]
     if segment.whole:  # a mapping of the whole segment: the store's decoder straight over it
-        decode = functools.partial(record.decode, segment.buf, base_offset=base, **options)
+        decode = functools.partial(record.decode, segment.buf, base_offset=base, check_crc=check_crc,
+                                   read_body=read_body, read_properties=read_properties)
     else:
-        decode = functools.partial(segment.decode, **options)
+        decode = functools.partial(segment.decode, check_crc=check_crc, read_body=read_body,
+                                   read_properties=read_properties)
     Record = record.Record
     batch: list[record.Record] = []
     batch_bytes = 0
@@ -130,8 +133,10 @@ def record_batches(part: SegmentRange, settings: ReadSettings) -> Iterator[list[
         segment.close()
 
 
-def read_range(part: SegmentRange, settings: ReadSettings) -> Iterator:
+def read_range(part: InputPartition, settings: ReadSettings) -> Iterator:
     """The records starting in `part` as Arrow batches (or tuples, with output=rows)."""
+    if not isinstance(part, SegmentRange):
+        return  # Spark reads one placeholder partition when the plan has none (an empty log)
     if settings.rows:
         for batch in record_batches(part, settings):
             yield from cols.to_rows(batch, part.broker, settings.schema)
@@ -220,7 +225,7 @@ class CommitLogReader(DataSourceReader):
         self.start = int(options.get("startOffset", 0))
         self.end = int(options.get("endOffset", NO_END))
 
-    def partitions(self) -> list[InputPartition]:
+    def partitions(self) -> Sequence[InputPartition]:
         return planning.plan(self.logs, self.partition_size, self.start, self.end)
 
     def read(self, partition: InputPartition) -> Iterator:
