@@ -18,13 +18,15 @@ Threads and ownership:
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple, overload
+from typing import NamedTuple, overload
 
 from .dispatch.lag import milliseconds_behind, sink_lags
 from .dispatch.parallel import ParallelDispatcher
@@ -709,7 +711,7 @@ class MessageStore:
         horizon = self.clock() - int(self.config.retention_hours * 3600 * 1000)
         segments = list(self.commit_log.segments)
         cut_before = None
-        for current, following in zip(segments, segments[1:]):
+        for current, following in itertools.pairwise(segments):
             first = self.commit_log.read_record(following.start, check_crc=False, read_body=False, read_properties=False)
             # records are in store-time order: the next segment's first record bounds this one's newest
             if type(first) is not record.Record or first.store_timestamp >= horizon:
@@ -775,7 +777,7 @@ class MessageStore:
                 raise StoreIOError(first.errno, f"closing the store: {first.strerror or first}") from first
             raise first
 
-    def __enter__(self) -> "MessageStore":
+    def __enter__(self) -> MessageStore:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,7 +10,7 @@ handed units to has written them; until then it waits here.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .messages import BatchResult
 

@@ -18,7 +18,7 @@ built again: on the dispatch thread, or by the dead worker's replacement.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..format import record
 from ..log.commit_log import CommitLog

@@ -76,7 +76,7 @@ class QueueRuns:
         return len(self.firsts)
 
     @classmethod
-    def empty(cls) -> "QueueRuns":
+    def empty(cls) -> QueueRuns:
         i32, i64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
         return cls([], i32, i32, i64, i64, {})
 

@@ -17,8 +17,9 @@ This module is the contract between dispatch and its sinks (`queues.queue_set`,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class DispatchRequest:
     properties: dict[str, str]
 
     @classmethod
-    def from_record(cls, rec: record.Record) -> "DispatchRequest":
+    def from_record(cls, rec: record.Record) -> DispatchRequest:
         return cls(
             topic=rec.topic,
             queue_id=rec.queue_id,
@@ -63,7 +64,7 @@ class DispatchRequest:
         )
 
     @classmethod
-    def from_columns(cls, columns: RecordColumns, i: int) -> "DispatchRequest":
+    def from_columns(cls, columns: RecordColumns, i: int) -> DispatchRequest:
         return cls(
             columns.topic(i),
             int(columns.queue_ids[i]),

@@ -8,8 +8,8 @@ where it did.  Ownership: `dispatch_until` runs on one thread at a time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..format import record
 from ..format.scan import scan

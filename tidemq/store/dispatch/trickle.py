@@ -21,7 +21,7 @@ before `begin` is still being built.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..format import record
 from ..format.index_keys import index_key, key_hash

@@ -23,15 +23,24 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..queues import open_files
 from . import builder as batch_builder
 from .builder import DIRECT_QUEUES, BatchBuilder
-from .messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
+from .messages import (
+    BatchResult,
+    BatchTask,
+    Channel,
+    IndexAppend,
+    IndexAppended,
+    QueueRuns,
+    UnitsHandover,
+    UnitsWritten,
+)
 from .requests import QueueKey
 
 CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"

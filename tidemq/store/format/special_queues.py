@@ -16,7 +16,7 @@ Pure functions over property values: the dispatcher, `store check` and the Spark
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .record import PROPERTY_INNER_MULTI_DISPATCH, PROPERTY_INNER_MULTI_QUEUE_OFFSET
 

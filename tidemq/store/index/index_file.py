@@ -70,7 +70,7 @@ def file_size(hash_slots: int, max_entries: int) -> int:
 
 def file_name(timestamp_ms: int) -> str:
     """yyyyMMddHHmmssSSS (UTC) of a store timestamp."""
-    moment = datetime.datetime.fromtimestamp(max(timestamp_ms, 0) / 1000, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(max(timestamp_ms, 0) / 1000, tz=datetime.UTC)
     return moment.strftime("%Y%m%d%H%M%S") + f"{timestamp_ms % 1000:03d}"
 
 
@@ -83,7 +83,7 @@ def _agrees(mm, hash_slots: int, max_entries: int) -> bool:
     indexCount - 1 hold the header's beginPhy and endPhy, and the last entry heads the chain of
     its hash's slot (a file without entries agrees with any geometry that fits its size)."""
     _, _, begin_phy, end_phy, _, count = HEADER.unpack_from(mm, 0)
-    if hash_slots <= 0 or not 2 <= max_entries or file_size(hash_slots, max_entries) != len(mm):
+    if hash_slots <= 0 or max_entries < 2 or file_size(hash_slots, max_entries) != len(mm):
         return False
     if count <= 1:
         return True
@@ -208,7 +208,7 @@ class IndexFile:
         """Append entries (commit-log order); returns how many fitted.  The entries and their
         slots are written by one of three twins that write the same bytes (the compiled loop,
         NumPy for many, Python for a few), the header last."""
-        begin_ts, end_ts, begin_phy, end_phy, slots_count, count = self.header()
+        begin_ts, _, begin_phy, _, slots_count, count = self.header()
         count = max(count, 1)
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
@@ -280,7 +280,7 @@ class IndexFile:
     def truncate(self, commit_log_end: int, store_time_of) -> int:
         """Drop the entries of records at or past `commit_log_end`, restoring the chains, the
         header and the zeros exactly as they were before those entries; returns how many."""
-        begin_ts, end_ts, begin_phy, end_phy, slots_count, count = self.header()
+        begin_ts, _, begin_phy, _, slots_count, count = self.header()
         count = max(count, 1)
         phys = self.entries["phy"][1:count].astype(np.int64)
         keep = 1 + int(np.searchsorted(phys, commit_log_end, side="left"))

@@ -40,7 +40,7 @@ class Checkpoint:
         return max(0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - SAFETY_MARGIN_MS)
 
     @classmethod
-    def load(cls, path: Path) -> "Checkpoint":
+    def load(cls, path: Path) -> Checkpoint:
         try:
             data = Path(path).read_bytes()
         except FileNotFoundError:

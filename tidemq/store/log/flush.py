@@ -18,10 +18,11 @@ import logging
 import threading
 import time
 from _thread import allocate_lock as _allocate_lock
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from .commit_log import CommitLog
 from ..errors import FlushTimeoutError
+from .commit_log import CommitLog
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class GroupCommit:
                 listeners, self._listeners = self._listeners, set()
             for listener in listeners:
                 listener.flushed(self.flushed, self._stopping)
-            for end_offset, _, callback, token in done:
+            for _, _, callback, token in done:
                 callback(token, None)
             for end_offset, _, callback, token in expired:
                 callback(token, self.timeout_error(end_offset))

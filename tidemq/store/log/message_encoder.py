@@ -19,8 +19,8 @@ import struct
 import time
 from typing import TYPE_CHECKING
 
-from ..format import record
 from ..errors import InvalidMessageError
+from ..format import record
 
 if TYPE_CHECKING:
     from ..message_store import Message, StoreConfig

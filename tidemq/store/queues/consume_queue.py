@@ -23,9 +23,9 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -102,7 +102,7 @@ class _QueueFile:
 
     __slots__ = ("queue", "start", "_mm")
 
-    def __init__(self, queue: "ConsumeQueue", start: int, create: bool, lazy: bool = False) -> None:
+    def __init__(self, queue: ConsumeQueue, start: int, create: bool, lazy: bool = False) -> None:
         self.queue = queue
         self.start = start  # first logical offset in the file
         self._mm: mmap.mmap | None = None
@@ -511,7 +511,7 @@ class ConsumeQueue:
 
     @classmethod
     def adopted_many(cls, root: Path | str, units_per_file: int, table: FrontierTable, keys: Sequence[tuple[str, int]],
-                     firsts: Sequence[int], ends: Sequence[int]) -> list["ConsumeQueue"]:
+                     firsts: Sequence[int], ends: Sequence[int]) -> list[ConsumeQueue]:
         """New queues whose files starting at `firsts` parallel-dispatch workers made, queue i's
         slots [firsts[i], ends[i]) written and now committed: what `ConsumeQueue(load=False)`,
         `adopt_files(first)` and `commit_range(first, end)` make of each, in one step (a batch may

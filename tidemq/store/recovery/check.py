@@ -7,9 +7,9 @@ broker has open.  Both decode with the shared record codec.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
