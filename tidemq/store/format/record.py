@@ -31,10 +31,13 @@ magic number; the store, the dispatcher, recovery and the Spark data source all 
 from __future__ import annotations
 
 import ipaddress
+import mmap
 import operator
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import final
 
 try:  # zlib-ng's CRC-32: the same function, six times faster than zlib's on a 1 KiB body
     from zlib_ng.zlib_ng import crc32
@@ -105,6 +108,7 @@ def java_string_hash_python(text: str) -> int:
     As the sum of c[i] * 31**(n-1-i) mod 2**32, one `map` over a table of powers instead of a
     Python step per unit (a 47-character key: 2.7 against 3.9 us).  `java_string_hash` is the
     compiled twin where the extension is built (0.1 us)."""
+    units: Sequence[int]
     if text.isascii():
         units = text.encode("ascii")
     else:
@@ -160,7 +164,7 @@ def _explain_bad_properties(properties: dict[str, str]) -> None:
     raise CodecError("properties could not be encoded")
 
 
-def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+def decode_properties(data: bytes | bytearray | memoryview) -> dict[str, str]:
     """Inverse of `encode_properties`; like RocketMQ, skips segments under 3 chars or with no \\x01.
     A LEGACY_PROPERTY_UNIQ_KEY is returned as UNIQ_KEY (a UNIQ_KEY of the record wins)."""
     result: dict[str, str] = {}
@@ -181,6 +185,8 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
 # Hosts and message ids
 
 Host = tuple[str, int]
+# what records are decoded from: a segment's mapping, or bytes read from it
+RecordBuffer = bytes | bytearray | memoryview | mmap.mmap
 
 
 @lru_cache(maxsize=1024)
@@ -233,6 +239,7 @@ def fixed_overhead(born_v6: bool = False, store_v6: bool = False, v2: bool = Fal
     return header_struct(born_v6, store_v6).size + (2 if v2 else 1) + 2
 
 
+@final
 @dataclass(slots=True)
 class Record:
     """One decoded commit-log record. `body` is a memoryview into the source when decoded
@@ -287,6 +294,7 @@ class Record:
         return body if type(body) is bytes else bytes(body)
 
 
+@final
 @dataclass(slots=True, frozen=True)
 class EndOfSegment:
     """A blank filler: the rest of the segment (`size` bytes from `offset`) holds no record."""
@@ -295,6 +303,7 @@ class EndOfSegment:
     size: int
 
 
+@final
 @dataclass(slots=True, frozen=True)
 class EndOfData:
     """Zeros where the next record would start: nothing was ever written here."""
@@ -302,6 +311,7 @@ class EndOfData:
     offset: int
 
 
+@final
 @dataclass(slots=True, frozen=True)
 class Invalid:
     """Bytes at `offset` are not a valid record: a torn write or corruption (the caller decides
@@ -339,7 +349,7 @@ _SIZE_MAGIC = struct.Struct(">ii")
 
 
 def decode(
-    buf: bytes | bytearray | memoryview,
+    buf: RecordBuffer,
     pos: int = 0,
     *,
     base_offset: int = 0,
@@ -464,7 +474,7 @@ def _host(ip: bytes, port: int) -> Host:
     return str(ipaddress.ip_address(ip)), port
 
 
-def skip_records(buf: bytes | bytearray | memoryview, pos: int, limit: int) -> int:
+def skip_records(buf: RecordBuffer, pos: int, limit: int) -> int:
     """Follow the TOTALSIZE chain from the record at `pos` to the first record starting at or
     past `limit`, reading only each record's size and magic (the Spark planner's cheap scan for
     record-aligned split points).  Stops early where no record header is (a blank, zeros, damage

@@ -39,7 +39,9 @@ to agreement.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,12 +57,14 @@ from .record import (
     PROPERTY_UNIQ_KEY,
     TRANSACTION_ROLLBACK,
     TRANSACTION_TYPE_MASK,
+    RecordBuffer,
     decode_properties,
     decode_topic,
     tags_code,
 )
 from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
 
+_scan_into: Callable[..., tuple[Any, ...]] | None
 try:
     from .._dispatch import scan_into as _scan_into
 except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
@@ -87,7 +91,7 @@ _SEPARATOR = b"\x02"
 class RecordColumns:
     """What `scan` found: one row per record, in log order."""
 
-    buffer: object  # the scanned buffer, for lazy property reads
+    buffer: RecordBuffer  # the scanned buffer, for lazy property reads
     base_offset: int
     end: int  # commit-log offset where the scan stopped
     positions: np.ndarray  # i64, in the buffer
@@ -147,10 +151,10 @@ class RecordColumns:
         taken = np.array(rows, dtype=np.int64)
         return np.array(hashes, dtype=np.int32), self.offsets[taken], self.store_timestamps[taken]
 
-    def _index_keys_compiled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _index_keys_compiled(self, key_entries: tuple[bytes, bytes, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`index_keys` from the entries the compiled walk made (a scan asked for keys); keys of
         non-ASCII text (or topic) are hashed here from the decoded text."""
-        raw_hashes, raw_rows, slow = self.key_entries
+        raw_hashes, raw_rows, slow = key_entries
         hashes = np.frombuffer(raw_hashes, dtype=np.int32)
         rows = np.frombuffer(raw_rows, dtype=np.int64)
         if slow:
@@ -170,20 +174,22 @@ class RecordColumns:
         if not len(self):
             return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.key_entries is not None:
-            return self._index_keys_compiled()
+            return self._index_keys_compiled(self.key_entries)
         indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
         if len(self) <= SMALL_SCAN:
             return self._index_keys_small(indexed)
         b = np.frombuffer(self.buffer, dtype=np.uint8)
         try:
-            if self.keys_ranges is None:
-                self.unique_key_ranges, self.keys_ranges = unique_key_ranges(
-                    b, self.properties_starts, self.properties_ends, [UNIQ_KEY, KEYS]
-                )
-            if self.tags_ranges is None:
-                (self.tags_ranges,) = unique_key_ranges(b, self.properties_starts, self.properties_ends, [TAGS])
+            unique, keys = self.unique_key_ranges, self.keys_ranges  # found together
+            if unique is None or keys is None:
+                unique, keys = unique_key_ranges(b, self.properties_starts, self.properties_ends, [UNIQ_KEY, KEYS])
+                self.unique_key_ranges, self.keys_ranges = unique, keys
+            tags = self.tags_ranges
+            if tags is None:
+                (tags,) = unique_key_ranges(b, self.properties_starts, self.properties_ends, [TAGS])
+                self.tags_ranges = tags
             return index_entries(
-                self.buffer, b, self.unique_key_ranges, self.keys_ranges, self.tags_ranges, indexed,
+                self.buffer, b, unique, keys, tags, indexed,
                 self.topic_ids, self.topic_names, self.offsets, self.store_timestamps,
             )
         finally:
@@ -351,6 +357,7 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int,
         return _empty(buf, base_offset, base_offset + start)
     wide = np.empty((10, capacity), np.int64)
     narrow = np.empty((5, capacity), np.int32)
+    assert _scan_into is not None  # called where COMPILED
     walked = _scan_into(buf, start, stop, soft_stop, base_offset, wide, narrow, keys)
     count, end, raw_topics = walked[:3]
     names: list[str] = []
