@@ -36,4 +36,7 @@ class FlushTimeoutError(StoreError):
 
 
 class StoreIOError(StoreError, OSError):
-    pass
+    # set when a batch fails part way: how many of its messages were stored (the first ones),
+    # and their PutResults
+    stored: int
+    results: list

@@ -248,8 +248,8 @@ class CommitLog:
         `write_position` to offset + size.  Raises OSError if no segment can be made, leaving the
         log as it was."""
         offset = self.write_position
-        if offset + size <= self._ready_end:  # the common case: room in warm pages
-            segment = self._active
+        segment = self._active
+        if offset + size <= self._ready_end and segment is not None:  # the common case: room in warm pages
             return segment.mm, offset - segment.start, offset
         if size + BLANK_SIZE > self.segment_size:
             raise ValueError(f"a {size}-byte record cannot fit a {self.segment_size}-byte segment")
@@ -313,11 +313,11 @@ class CommitLog:
         self._ready_end = 0
         for segment in later:
             self._remove(segment)
-        segment = self.segment_for(end)
-        if segment is not None:
-            pos = end - segment.start
-            _zero(segment.mm, pos, segment.size)
-            segment.sync()
+        last = self.segment_for(end)
+        if last is not None:
+            pos = end - last.start
+            _zero(last.mm, pos, last.size)
+            last.sync()
         self.write_position = end
         self.flushed_position = min(self.flushed_position, end)
 

@@ -17,7 +17,8 @@ import os
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidMessageError
 from ..format import record
@@ -25,6 +26,7 @@ from ..format import record
 if TYPE_CHECKING:
     from ..message_store import Message, StoreConfig
 
+_prepare_messages: Callable[..., list[Any]] | None
 try:  # the compiled common case of `prepare`; without it, `prepare` does every message
     from ._append import prepare_messages as _prepare_messages
 except ImportError:

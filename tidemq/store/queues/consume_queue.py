@@ -308,7 +308,7 @@ class ConsumeQueue:
     def _pending_slots(self) -> set[int]:
         """The set of pending slots, to add to (`_lock` held): its own from the first."""
         pending = self._pending
-        if pending is _NOTHING_PENDING:
+        if not isinstance(pending, set):  # _NOTHING_PENDING
             pending = self._pending = set()
         return pending
 
@@ -462,9 +462,10 @@ class ConsumeQueue:
         """Set the frontier to `frontier`, then past every pending slot contiguous with it
         (`_lock` held)."""
         pending = self._pending
-        while frontier in pending:
-            pending.remove(frontier)
-            frontier += 1
+        if isinstance(pending, set):  # not _NOTHING_PENDING, which holds no slot
+            while frontier in pending:
+                pending.remove(frontier)
+                frontier += 1
         self.commit_frontier = frontier
         if not pending:
             self.table.pending[self.row] = False

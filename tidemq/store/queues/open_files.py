@@ -20,7 +20,9 @@ stop dispatching with EMFILE ("Too many open files") and could not even be close
 from __future__ import annotations
 
 import logging
+from types import ModuleType
 
+resource: ModuleType | None
 try:
     import resource
 except ImportError:  # not a POSIX system: no limit to read or raise
