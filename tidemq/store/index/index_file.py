@@ -37,6 +37,7 @@ import datetime
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ DEFAULT_MAX_ENTRIES = 20_000_000
 INT_MAX = 0x7FFFFFFF
 SMALL_APPEND = 16  # up to this many entries, `append` writes them one at a time
 
+_index_append: Callable[..., None] | None
 try:
     from .._dispatch import index_append as _index_append
 except ImportError:  # the extension is optional: without it, NumPy (or Python for a few entries) appends
@@ -128,12 +130,14 @@ def file_geometry(mm, hash_slots: int | None = None, max_entries: int | None = N
 
 class IndexFile:
     def __init__(
-        self, path: Path, hash_slots: int | None, max_entries: int | None, create: bool, read_only: bool = False
+        self, path: str | Path, hash_slots: int | None, max_entries: int | None, create: bool, read_only: bool = False
     ) -> None:
         """Create a file of the given geometry, or open one (the given geometry, None for the
         default, is tried first: see the module docstring)."""
         self.path = Path(path)
         if create:
+            if hash_slots is None or max_entries is None:
+                raise ValueError(f"index file {self.path}: a new file needs its hash slots and max entries")
             size = file_size(hash_slots, max_entries)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -204,7 +208,8 @@ class IndexFile:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def append(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray) -> int:
+    def append(self, hashes: np.ndarray | list[int], phys: np.ndarray | list[int],
+               timestamps: np.ndarray | list[int]) -> int:
         """Append entries (commit-log order); returns how many fitted.  The entries and their
         slots are written by one of three twins that write the same bytes (the compiled loop,
         NumPy for many, Python for a few), the header last."""
@@ -215,15 +220,18 @@ class IndexFile:
             return 0
         if count == 1:  # the file's first entry names its beginning
             begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
-        if COMPILED:
+        if COMPILED and _index_append is not None:
             columns = (np.ascontiguousarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps))
             _index_append(self.mm, self.hash_slots, self.max_entries, count, *columns, begin_ts)
-        elif type(hashes) is list:  # a few entries from a trickle (`trickle`): no NumPy at all
+        elif isinstance(hashes, list) and isinstance(phys, list) and isinstance(timestamps, list):
+            # a few entries from a trickle (`trickle`): no NumPy at all
             self._write_small(hashes[:n], phys[:n], timestamps[:n], count, begin_ts)
         elif n <= SMALL_APPEND:
-            self._write_small(*(np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)), count, begin_ts)
+            small = [np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)]
+            self._write_small(small[0], small[1], small[2], count, begin_ts)
         else:
-            self._write_numpy(*(np.asarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps)), count, begin_ts)
+            wide = [np.asarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps)]
+            self._write_numpy(wide[0], wide[1], wide[2], count, begin_ts)
         slots_count += int(np.count_nonzero(self.entries["prev"][count : count + n] == 0))
         HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n)
         return n

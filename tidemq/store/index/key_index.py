@@ -21,6 +21,7 @@ maintenance thread flushes; `_lock` guards the file list for queries on other th
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -310,11 +311,9 @@ class _LogReader:
 
         self._paths = {int(p.name): p for p in segment_paths(store_dir)}
         self._size = next(iter(self._paths.values())).stat().st_size if self._paths else 0
-        self._maps: dict[int, object] = {}
+        self._maps: dict[int, mmap.mmap] = {}
 
     def read(self, offset: int) -> record.Record | None:
-        import mmap
-
         if not self._size or offset < 0:
             return None
         base = offset - offset % self._size
@@ -328,7 +327,7 @@ class _LogReader:
         rec = record.decode(mm, offset - base, base_offset=base, check_crc=False)
         if type(rec) is not record.Record:
             return None
-        rec.body = bytes(rec.body)
+        rec.body = rec.body_bytes
         return rec
 
     def close(self) -> None:

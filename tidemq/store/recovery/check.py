@@ -121,7 +121,7 @@ def inspect(store_dir: Path) -> tuple[list[SegmentInfo], list[QueueInfo], int]:
     queues: list[QueueInfo] = []
     for topic, queue_id, queue_dir in queue_dirs(store_dir):
         first = None
-        last = None
+        last = 0
         max_phy = 0
         for start, units in iter_queue_units(queue_dir):
             if first is None:

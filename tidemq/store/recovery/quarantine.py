@@ -14,6 +14,7 @@ placeholders."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..format import record
 
@@ -35,7 +36,7 @@ def placeholder(damaged: bytes, offset: int) -> bytes | None:
     if fields.properties.get("TAGS"):
         kept["TAGS"] = fields.properties["TAGS"]
     size = len(damaged)
-    common = dict(topic=fields.topic, queue_id=fields.queue_id, queue_offset=fields.queue_offset,
+    common: dict[str, Any] = dict(topic=fields.topic, queue_id=fields.queue_id, queue_offset=fields.queue_offset,
                   commit_log_offset=offset, store_timestamp=fields.store_timestamp,
                   born_timestamp=fields.born_timestamp, sysflag=fields.sysflag & ~record.FLAG_COMPRESSED)
     try:

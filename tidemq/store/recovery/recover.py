@@ -15,6 +15,7 @@ Policy (spec §6, STYLE "corruption policy is explicit"):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from ..format.scan import RecordColumns, field_at, field_view, header_sizes, sca
 from ..log.checkpoint import Checkpoint
 from ..log.commit_log import CommitLog, Segment
 
+_compiled_crc_prefix: Callable[..., int] | None
 try:
     from .._dispatch import crc_prefix as _compiled_crc_prefix
 except ImportError:  # the extension is optional: without it, the loop over the bodies is Python's
@@ -173,6 +175,8 @@ def _valid_records_after(commit_log: CommitLog, segment: Segment, bad: record.In
     found = 0
     for offset in candidates:
         seg = commit_log.segment_for(offset)
+        if seg is None:  # past the log: nothing there
+            continue
         result = record.decode(seg.mm, offset - seg.start, base_offset=seg.start, read_properties=False)
         if type(result) is record.Record:
             found += 1
