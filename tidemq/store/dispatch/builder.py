@@ -48,7 +48,9 @@ import mmap
 import os
 import pickle
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -61,9 +63,17 @@ from ..queues.queue_set import ConsumeQueueStore
 from .messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsHandover
 from .requests import QueueKey, group_by_queue, queue_rows
 
+if TYPE_CHECKING:
+    from .._dispatch import RunCache
+    from ..queues._queue_file import Mapping
+
+    QueueFileMap = mmap.mmap | Mapping  # a queue file mapped, by the extension or by Python
+
 # the copies of all the runs of a batch by one compiled loop: with 10,000 queues the Python loop
 # took 85 of the 193 ms a worker spent building the steady half's batches of bench/dispatch.py,
 # the compiled one 40-45; writing the units handed over went from 32-105 ms to 13-29 a worker
+_RunCache: type[RunCache] | None
+_write_runs: Callable[..., list[int]] | None
 try:
     from .._dispatch import RunCache as _RunCache
     from .._dispatch import write_runs as _write_runs
@@ -71,7 +81,7 @@ except ImportError:  # the extension is optional: without it, a Python loop copi
     _RunCache = _write_runs = None
 
 
-def map_file_python(path: str, size: int, create: bool):
+def map_file_python(path: str, size: int, create: bool) -> mmap.mmap | None:
     """`_queue_file.map_file` with Python's mmap module (`consume_queue.map_queue_file`, random
     access): an `mmap.mmap`, or None when not `create` and the file is not there."""
     try:
@@ -82,6 +92,7 @@ def map_file_python(path: str, size: int, create: bool):
         return None
 
 
+map_file: Callable[[str, int, bool], QueueFileMap | None]
 try:
     from ..queues._queue_file import map_file
 
@@ -144,7 +155,7 @@ class BatchBuilder:
         # the queue files mapped, by (topic, queue id, first slot): `_queue_file.Mapping`s, which
         # hold no descriptor, or without the extension `mmap.mmap`s, each holding an open file
         # (open_files); all are closed at the budget
-        self._files: dict[tuple[str, int, int], object] = {}
+        self._files: dict[tuple[str, int, int], QueueFileMap] = {}
         # their addresses for the compiled copy loop, with their buffers exported: cleared before
         # they are closed
         self._run_cache = _RunCache() if _RunCache is not None else None
@@ -153,7 +164,7 @@ class BatchBuilder:
         self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
         self.hold_index = False  # keep each batch's index entries for `append_index`
-        self.between_steps = None  # called between decoding a batch and writing it (a worker answers appends there)
+        self.between_steps: Callable[[], None] | None = None  # called between decoding a batch and writing it (a worker answers appends there)
         # this builder owns the queues `owner_of(..., owners)` gives it; of the others it writes
         # the runs while under half its budget and hands the rest over (`UnitsHandover`), unless
         # the batch names `direct_queues` at most; one owner: every queue is its own
@@ -186,7 +197,7 @@ class BatchBuilder:
         under half their budget."""
         return self._own_mappings() < self.max_queue_files // 2
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> QueueFileMap:
         """The queue's file starting at slot `file_start`, made if need be, mapped (a
         `_queue_file.Mapping`, or an `mmap.mmap` without the extension) and kept in `_files`."""
         if self._own_mappings() >= self.max_queue_files:
@@ -195,7 +206,9 @@ class BatchBuilder:
         # every creator extends to the same size: idempotent; random access, so that a first
         # write reads in one page, not the file (readahead): with 10,000 new queues that was
         # most of the cost of making their files
-        mm = self._files[(topic, queue_id, file_start)] = map_file(path, upf * UNIT_SIZE, True)
+        mm = map_file(path, upf * UNIT_SIZE, True)
+        assert mm is not None  # made when missing
+        self._files[(topic, queue_id, file_start)] = mm
         return mm
 
     def _own_mappings(self) -> int:
@@ -323,6 +336,7 @@ class BatchBuilder:
         runs = QueueRuns(names, group_topic_ids, group_queue_ids, firsts, stops - starts, {})
         for group in np.flatnonzero(~contiguous).tolist():
             count, extra = _first_run(slots[starts[group] : stops[group]].tolist())
+            assert extra is not None  # the group's slots are not one run
             runs.counts[group] = count
             runs.extras[group] = extra
         handovers = []
@@ -561,7 +575,7 @@ class ThreadBuilder(BatchBuilder):
         self._let_borrowed_go(if_dropped=True)
         return super().build(task)
 
-    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int):
+    def _queue_file(self, topic: str, queue_id: int, file_start: int, upf: int) -> QueueFileMap:
         cq = self._store_queues.get((topic, queue_id))
         if cq is not None:
             mm = cq.mapping_of(file_start)

@@ -11,6 +11,9 @@ Ownership: `QueueCommitter` belongs to the dispatching thread, the one writer of
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
+
 import numpy as np
 
 from ..queues.consume_queue import ConsumeQueue
@@ -18,8 +21,12 @@ from ..queues.queue_set import ConsumeQueueStore
 from .messages import QueueRuns
 from .requests import QueueKey
 
+if TYPE_CHECKING:
+    from .._dispatch import RowIndex
+
 SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time, without NumPy
 
+_RowIndex: type[RowIndex] | None
 try:
     from .._dispatch import RowIndex as _RowIndex
 except ImportError:  # the extension is optional: without it, PythonRowIndex
@@ -107,6 +114,7 @@ class QueueCommitter:
         frontier), those advanced together only when `listeners` (someone will be told)."""
         table = self.queues.frontiers
         names = runs.topic_names
+        slow: Iterable[tuple[int, int, int, int, int, int, int]]  # (run, topic id, queue id, code, row, first, end)
         if len(runs) <= SMALL_COMMIT:
             # a few queues: each known queue whose run starts at its frontier advanced with a few
             # scalar reads and one write of its row (NumPy's setup would cost more than the work)
@@ -114,7 +122,7 @@ class QueueCommitter:
             row_of, extras = self._rows.get, runs.extras
             frontiers, files_end, pending = table.frontiers, table.files_end, table.pending
             row_keys = self._row_keys if listeners else None
-            slow = []
+            slow_runs: list[tuple[int, int, int, int, int, int, int]] = []
             for i, (t, q, first, count) in enumerate(zip(runs.topic_ids.tolist(), runs.queue_ids.tolist(), runs.firsts.tolist(),
                                                          runs.counts.tolist())):
                 code = (numbers[t] << 32) | (q & 0xFFFFFFFF)
@@ -123,20 +131,23 @@ class QueueCommitter:
                 if row >= 0 and frontiers[row] == first and end <= files_end[row] and not pending[row] and i not in extras:
                     frontiers[row] = end
                     if row_keys is not None:
-                        changes[row_keys[row]] = end
+                        key = row_keys[row]
+                        assert key is not None  # a row the index knows is registered
+                        changes[key] = end
                 else:
-                    slow.append((i, t, q, code, row, first, end))
-            if not slow:
+                    slow_runs.append((i, t, q, code, row, first, end))
+            if not slow_runs:
                 return
+            slow = slow_runs
         else:
             n = len(runs)
-            numbers = np.array(self._numbers(names), dtype=np.int64)
+            number_column = np.array(self._numbers(names), dtype=np.int64)
             skip = None
             if runs.extras:
                 skip = np.zeros(n, dtype=np.bool_)
                 skip[list(runs.extras)] = True
             rows = np.empty(n, dtype=np.int64)
-            left = self._rows.advance(numbers, runs.topic_ids, runs.queue_ids, runs.firsts, runs.counts, table.frontiers,
+            left = self._rows.advance(number_column, runs.topic_ids, runs.queue_ids, runs.firsts, runs.counts, table.frontiers,
                                       table.files_end, table.pending, skip, rows)
             if listeners and left < n:
                 fast = rows >= 0
@@ -152,12 +163,12 @@ class QueueCommitter:
             if skip is not None:
                 new &= ~skip[slow_at]
             if new.any():
-                known = self._adopt(names, numbers, runs, slow_at[new], changes)
+                known = self._adopt(names, number_column, runs, slow_at[new], changes)
                 slow_at = np.union1d(slow_at[~new], known) if len(known) else slow_at[~new]
             # as lists, not one NumPy scalar at a time
             topic_ids = runs.topic_ids[slow_at]
             queue_ids = runs.queue_ids[slow_at]
-            codes = queue_codes_of(numbers, topic_ids, queue_ids)
+            codes = queue_codes_of(number_column, topic_ids, queue_ids)
             firsts = runs.firsts[slow_at]
             slow = zip(slow_at.tolist(), topic_ids.tolist(), queue_ids.tolist(), codes.tolist(), (-2 - rows[slow_at]).tolist(),
                        firsts.tolist(), (firsts + runs.counts[slow_at]).tolist())
@@ -222,7 +233,7 @@ class QueueCommitter:
             for i, number in enumerate(numbers):
                 if number is None:
                     numbers[i] = known.setdefault(names[i], len(known))
-        return numbers
+        return cast("list[int]", numbers)  # each None numbered above
 
     @staticmethod
     def _commit_extra(cq: ConsumeQueue, extra: list[int]) -> bool:

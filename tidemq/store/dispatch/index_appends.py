@@ -56,7 +56,7 @@ class IndexAppends:
 
     def owed(self, result: BatchResult) -> bool:
         """Whether a worker is still to append the batch's entries."""
-        return result.index_held and result.batch_id not in self.done
+        return result.index_held != 0 and result.batch_id not in self.done
 
     def lost(self, result: BatchResult) -> bool:
         """Whether `result` held index entries its worker no longer holds (it died after

@@ -22,6 +22,7 @@ import select
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import final
 
 import numpy as np
 
@@ -39,10 +40,11 @@ def _pickled_as_fields(cls):
         values = (get(self),) if one else get(self)
         arrays = [i for i, value in enumerate(values) if type(value) is np.ndarray]
         if arrays:
-            values = list(values)
+            items = list(values)
             for i in arrays:
-                array = values[i]
-                values[i] = (array.dtype.str, array.tobytes())
+                array = items[i]
+                items[i] = (array.dtype.str, array.tobytes())
+            return _rebuilt, (cls, arrays, items)
         return _rebuilt, (cls, arrays, values)
 
     cls.__reduce__ = __reduce__
@@ -92,6 +94,7 @@ class BatchTask:
     end: int
 
 
+@final
 @_pickled_as_fields
 @dataclass(slots=True)
 class BatchResult:
@@ -155,6 +158,7 @@ class IndexAppend:
     max_entries: int = 0
 
 
+@final
 @_pickled_as_fields
 @dataclass(slots=True, frozen=True)
 class IndexAppended:
@@ -201,7 +205,7 @@ class Channel:
         """Send a message pickled already (`recv` on the other end unpickles it), waiting for
         room in the pipe (the coordinator's sends; a worker's go through `send_reading`)."""
         fd = self.write_fd
-        parts = [_LENGTH.pack(len(message)), message]
+        parts: list[bytes | memoryview] = [_LENGTH.pack(len(message)), message]
         while parts:
             written = os.writev(fd, parts)
             while parts and written >= len(parts[0]):
@@ -214,7 +218,7 @@ class Channel:
         pipe has room, through a non-blocking writer without ever waiting only for room: while
         the pipe is full, receive the messages coming the other way and give them to `keep`.
         (The coordinator may be blocked sending to this end, not reading its answers.)"""
-        chunks = []
+        chunks: list[bytes] = []
         for item in (obj, *more):
             data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
             chunks += (_LENGTH.pack(len(data)), data)

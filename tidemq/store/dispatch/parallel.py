@@ -219,7 +219,7 @@ class ParallelDispatcher:
                 limit = max(limit, self.limit_source())
             if not self._tasks and limit - self._cut_offset <= trickle.MAX_BYTES:
                 before = self._cut_offset
-                changes = {}
+                changes: dict[QueueKey, int] = {}
                 total += self._trickle(limit, changes)
                 if notify and changes:
                     notify_listeners(self.listeners, changes)
@@ -228,7 +228,7 @@ class ParallelDispatcher:
             self._fill(limit)
             if not self._tasks:
                 return total
-            changes: dict[QueueKey, int] = {}
+            changes = {}
             for result in self._collect():
                 total += self._complete(result, changes)
             if notify and changes:
@@ -261,10 +261,12 @@ class ParallelDispatcher:
         """The commit-log offset of the newest record dispatched since the start, or None: the
         checkpoint's logicsPhysicalOffset.  Called from another thread: reads one tuple."""
         run = self._last_records
-        segment = self.commit_log.segment_for(run[0]) if run is not None else None
-        if segment is None:
+        if run is None:
             return None
         begin, end = run
+        segment = self.commit_log.segment_for(begin)
+        if segment is None:
+            return None
         columns = scan(segment.mm, begin - segment.start, end - segment.start, base_offset=segment.start)
         return int(columns.offsets[-1]) if len(columns) else None
 
