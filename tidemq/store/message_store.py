@@ -133,6 +133,8 @@ class DispatchLag:
     sinks: dict[str, tuple[int, int]] = field(default_factory=dict)  # per sink: (bytes, milliseconds)
 
 
+_put_common: Callable[..., PutResult | None] | None
+_write_records: Callable[..., int] | None
 try:  # the compiled append loop; without it (no C compiler at install) the Python loop does it all
     from .log._append import put_common as _put_common
     from .log._append import write_records as _write_records
@@ -158,12 +160,13 @@ class MessageStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._closed = True
         self._lock_fd = self._take_lock()
-        self.dispatcher: ParallelDispatcher | None = None  # recovery starts it (`_start_dispatcher`)
+        self.dispatcher: ParallelDispatcher  # recovery starts it (`_start_dispatcher`)
         try:
             self._open()
         except BaseException:
-            if self.dispatcher is not None:
-                self.dispatcher.close()  # its worker processes, if recovery started them
+            dispatcher = getattr(self, "dispatcher", None)
+            if dispatcher is not None:
+                dispatcher.close()  # its worker processes, if recovery started them
             os.close(self._lock_fd)
             raise
         self._closed = False
@@ -220,7 +223,9 @@ class MessageStore:
         """Repair: replace the damaged record `bad` by a placeholder of its size, if its size field
         holds (the record after it decodes); keep its bytes under repair/.  False if it cannot."""
         segment = self.commit_log.segment_for(bad.offset)
-        pos = bad.offset - segment.start if segment is not None else -1
+        if segment is None:
+            return False
+        pos = bad.offset - segment.start
         if pos < 0 or bad.size < 91 or pos + bad.size >= segment.size:
             return False
         after = record.decode(segment.mm, pos + bad.size, base_offset=segment.start, check_crc=False, read_body=False)
@@ -247,7 +252,7 @@ class MessageStore:
             start = commit_log.segments[0].start  # a repair validates the whole log
         scan = scan_log(commit_log, start)
         report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
-        while self.config.repair and scan.corrupt_in_middle and self._set_aside(scan.invalid, report):
+        while self.config.repair and scan.corrupt_in_middle and scan.invalid is not None and self._set_aside(scan.invalid, report):
             scan = scan_log(commit_log, start)
             report.end = scan.end
         if scan.invalid is not None:
@@ -336,15 +341,15 @@ class MessageStore:
             result = self._append_one(message)
             self._wake_dispatcher()
             return result
-        blocking = group_commit is not None and on_durable is None
-        if blocking:
-            group_commit.begin()
+        blocking = group_commit if on_durable is None else None  # waits here, under sync flush
+        if blocking is not None:
+            blocking.begin()
         try:
             result = self._append_one(message)
-            self._await_durable(result.commit_log_offset + result.size, blocking, on_durable, result)
+            self._await_durable(result.commit_log_offset + result.size, blocking is not None, on_durable, result)
         finally:
-            if blocking:
-                group_commit.end()
+            if blocking is not None:
+                blocking.end()
         return result
 
     @overload
@@ -357,11 +362,12 @@ class MessageStore:
         policy; returns its PutResult (or list of them) and the log offset that must be durable
         before the caller may call it stored (see `await_flush`).  Raises as `put` and
         `put_batch` do when nothing, or only part of a batch, is stored."""
-        if type(messages) is not list:
-            results = self._append_one(messages)
-            end = results.commit_log_offset + results.size
-        else:
+        results: PutResult | list[PutResult]
+        if isinstance(messages, list):
             results, end = self._append(messages)
+        else:
+            result = results = self._append_one(messages)
+            end = result.commit_log_offset + result.size
         if self.group_commit is None:
             self._wake_dispatcher()
         return results, end
@@ -384,15 +390,15 @@ class MessageStore:
         `on_durable(results, error)`, if given, is called once for the whole batch."""
         if not messages:
             return []
-        blocking = self.group_commit is not None and on_durable is None
-        if blocking:
-            self.group_commit.begin()
+        blocking = self.group_commit if on_durable is None else None  # waits here, under sync flush
+        if blocking is not None:
+            blocking.begin()
         try:
             results, end = self._append(messages)
-            self._await_durable(end, blocking, on_durable, results)
+            self._await_durable(end, blocking is not None, on_durable, results)
         finally:
-            if blocking:
-                self.group_commit.end()
+            if blocking is not None:
+                blocking.end()
         return results
 
     def _common_put_state(self) -> tuple | None:
@@ -414,7 +420,7 @@ class MessageStore:
         compiled call under the lock; any other, or where that is not built, goes through
         `_append`, which validates it and raises as documented."""
         state = self._put_state
-        if state is not None:
+        if state is not None and _put_common is not None:  # a state only where it is built
             with self._append_lock:
                 if self._closed:
                     raise StoreClosedError("the store is closed")
@@ -518,9 +524,10 @@ class MessageStore:
 
     def _await_durable(self, end: int, blocking: bool, on_durable: DurableCallback | None, token) -> None:
         group_commit = self.group_commit
-        if blocking:
+        if group_commit is not None and blocking:
             group_commit.wait_for(end)
         elif group_commit is not None:
+            assert on_durable is not None  # not blocking: the caller is told by callback
             group_commit.register(end, on_durable, token)
         else:
             self._wake_dispatcher()
@@ -570,7 +577,7 @@ class MessageStore:
         if DAMAGED_PROPERTY in result.properties:
             return None
         if with_body:
-            result.body = bytes(result.body)
+            result.body = result.body_bytes
         return result
 
     def store_time_of(self, commit_log_offset: int) -> int | None:
