@@ -3,28 +3,17 @@ import asyncio
 import pytest
 
 from tidemq.broker import Broker, BrokerConfig
+from tidemq.broker.clock import VirtualClock
 from tidemq.store import MessageStore, StoreConfig
 
 
-class Clock:
-    """Virtual time in ms, advanced by the test."""
-
-    def __init__(self, now: int = 1_700_000_000_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
 class Harness:
-    """A broker over a real store in a temp dir, on a private event loop, with a virtual clock."""
+    """A broker over a real store in a temp dir, on a private event loop, with a virtual clock
+    (deadlines, long polls and the background rounds all move with `clock.advance`)."""
 
     def __init__(self, directory, **config) -> None:
         self.directory = directory
-        self.clock = Clock()
+        self.clock = VirtualClock()
         self.config = config
         self.loop = asyncio.new_event_loop()
         self.open()

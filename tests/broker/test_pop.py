@@ -2,11 +2,11 @@
 redelivery with delivery_attempt + 1, dead letters, consumed offsets, auto-renew."""
 
 import asyncio
-import time
 
 import pytest
 
 from tidemq.broker import BrokerError, Code, admin, dead_letter_topic
+from tidemq.broker.broker import REVIVE_INTERVAL_MS
 
 
 def bodies(received):
@@ -235,26 +235,61 @@ def test_a_new_group_starts_from_the_beginning_of_the_topic(harness):
     assert len(harness.receive("Late", "T")) == 3
 
 
-def test_long_polling_is_woken_by_dispatch_not_by_its_timeout(harness):
-    import asyncio
-    import time
+def _waiting(harness, topic: str, poll_ms: int, client_id: str = "c") -> asyncio.Future:
+    """A receive of group G on `topic` (a client's long poll), started and waiting."""
+    from tidemq.broker import ReceiveRequest
 
-    from tidemq.broker import Publish, ReceiveRequest
-
-    async def scenario():
-        req = ReceiveRequest(group="G", topic="Idle", client_id="c", invisible_ms=10_000, poll_ms=20_000)
-        harness.broker.route("Idle")
+    async def start():
+        harness.broker.route(topic)
+        req = ReceiveRequest(group="G", topic=topic, client_id=client_id, invisible_ms=10_000, poll_ms=poll_ms)
         waiter = asyncio.ensure_future(harness.broker.receive(req))
-        while harness.broker.long_polling.waiting("Idle") == 0:
+        while harness.broker.long_polling.waiting(topic) == 0:
             await asyncio.sleep(0)
-        started = time.monotonic()
-        await harness.broker.send(Publish(topic="Idle", body=b"wake", message_id="W1"))
-        got = await asyncio.wait_for(waiter, 10)
-        return got, time.monotonic() - started
+        return waiter
 
-    got, waited = harness.run(scenario())
+    return harness.run(start())
+
+
+def _spin(harness) -> None:
+    """Let the broker's loop run what is ready (tasks woken by timers the clock fired)."""
+    for _ in range(3):
+        harness.run(asyncio.sleep(0))
+
+
+def _settled(harness, waiter: asyncio.Future) -> bool:
+    """Whether `waiter` is done once the loop has run what is ready."""
+    _spin(harness)
+    return waiter.done()
+
+
+def test_long_polling_is_woken_by_dispatch_not_by_its_timeout(harness):
+    from tidemq.broker import Publish
+
+    waiter = _waiting(harness, "Idle", poll_ms=20_000)
+    harness.run(harness.broker.send(Publish(topic="Idle", body=b"wake", message_id="W1")))
+    got = harness.run(asyncio.wait_for(waiter, 10))  # virtual time stands still: no timeout ended it
     assert bodies(got) == [b"wake"]
-    assert waited < 10  # answered on arrival; the poll would have lasted 20 s
+
+
+def test_a_long_poll_with_nothing_to_get_ends_when_its_time_is_up(harness):
+    waiter = _waiting(harness, "Idle", poll_ms=20_000)
+    harness.clock.advance(19_999)
+    assert not _settled(harness, waiter)
+    harness.clock.advance(1)
+    assert _settled(harness, waiter) and waiter.result() == []
+    assert harness.broker.long_polling.waiting("Idle") == 0
+
+
+def test_a_long_poll_gets_a_redelivery_when_its_invisible_time_ends(harness):
+    harness.send("T", b"m0")
+    (first,) = harness.receive("G", "T", invisible_ms=10_000)
+    waiter = _waiting(harness, "T", poll_ms=30_000)
+    harness.clock.advance(9_999)
+    assert not _settled(harness, waiter)
+    harness.clock.advance(1)  # the wake timer for the due redelivery fires
+    assert _settled(harness, waiter)
+    (again,) = waiter.result()
+    assert again.record.body == b"m0" and again.delivery_attempt == 2
 
 
 def test_ack_many_settles_each_handle_and_survives_a_restart(harness):
@@ -278,7 +313,8 @@ def test_renewals_do_not_grow_the_deadline_heap_without_bound(harness):
     sub = broker.subscriptions[("G", "T")]
     for _ in range(10_000):
         (d,) = [d for q in sub.queues.values() for d in q.in_flight.values()]
-        sub.set_invisible(d.queue_id, d.queue_offset, d.invisible_until + 1, d.generation, d.renew_owner)
+        # ownerless from here: no background renewal round keeps it in flight past its deadline
+        sub.set_invisible(d.queue_id, d.queue_offset, d.invisible_until + 1, d.generation, "")
     assert len(sub._due) <= 4097
     harness.clock.advance(broker.config.auto_renew_invisible_time_ms + 10_001)
     assert bodies(harness.receive("G", "T")) == [b"m0"]
@@ -299,20 +335,9 @@ def test_forward_to_dead_letter_moves_the_message_at_once(harness):
 
 
 def test_a_terminating_client_gets_its_waiting_receive_answered(harness):
-    import asyncio
-
-    from tidemq.broker import ReceiveRequest
-
-    async def scenario():
-        harness.broker.route("Quiet")
-        req = ReceiveRequest(group="G", topic="Quiet", client_id="leaving", invisible_ms=10_000, poll_ms=60_000)
-        waiter = asyncio.ensure_future(harness.broker.receive(req))
-        while harness.broker.long_polling.waiting("Quiet") == 0:
-            await asyncio.sleep(0)
-        harness.broker.client_terminated("leaving")
-        return await asyncio.wait_for(waiter, 10)
-
-    assert harness.run(scenario()) == []
+    waiter = _waiting(harness, "Quiet", poll_ms=60_000, client_id="leaving")
+    harness.broker.client_terminated("leaving")
+    assert harness.run(asyncio.wait_for(waiter, 10)) == []
 
 
 def test_a_long_run_of_filtered_out_entries_does_not_hide_a_match_behind_it(harness):
@@ -443,10 +468,13 @@ def test_the_background_revive_moves_due_last_attempts_after_a_restart(harness):
     (r,) = harness.receive("G", "T", invisible_ms=10_000)
     harness.close()
     harness.open()  # the in-flight delivery comes back from the journal
-    harness.clock.advance(10_000)
-    give_up = time.monotonic() + 20  # a bound on the wait, not a timing assertion
-    while _group(harness.broker, "G")["dead_letters"] == 0 and time.monotonic() < give_up:
-        harness.run(asyncio.sleep(0.05))  # the broker's loop runs its revive task meanwhile
+    # past the deadline, then one revive interval more: a background round runs after the
+    # deadline whenever the reopened broker's round first set its timer
+    for ms in (10_000, REVIVE_INTERVAL_MS):
+        harness.clock.advance(ms)
+        _spin(harness)
+    harness.run(harness.broker.settle())  # its move to the dead-letter queue ends
+    harness.store.wait_dispatched()
     assert _group(harness.broker, "G")["dead_letters"] == 1
     assert _group(harness.broker, "G")["topics"][0]["backlog"] == 0
 

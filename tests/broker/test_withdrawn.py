@@ -7,9 +7,8 @@ import asyncio
 import pytest
 
 from tidemq.broker import Broker, BrokerConfig, BrokerError, Code, Publish, ReceiveRequest
+from tidemq.broker.clock import VirtualClock
 from tidemq.store import MessageStore, StoreConfig
-
-from .conftest import Clock
 
 
 def open_broker(directory, clock):
@@ -18,7 +17,7 @@ def open_broker(directory, clock):
 
 
 def test_a_send_reported_failed_after_its_append_is_never_delivered(tmp_path):
-    clock = Clock()
+    clock = VirtualClock()
     loop = asyncio.new_event_loop()
     store, broker = open_broker(tmp_path / "store", clock)
     broker_started = False

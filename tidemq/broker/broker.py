@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from ..store import Message, MessageStore, record
-from . import fifo, timers, validation
+from . import clock, fifo, timers, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
@@ -36,7 +36,7 @@ PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 _SCAN_LIMIT = 1024  # consume-queue units one pop examines per queue at most (tag filters skip)
-REVIVE_INTERVAL_S = 0.5  # how often due last attempts are moved to the dead-letter queue unasked
+REVIVE_INTERVAL_MS = 500  # how often due last attempts are moved to the dead-letter queue unasked
 
 
 class Broker:
@@ -57,9 +57,9 @@ class Broker:
         # subscriptions holding FIFO entries: released at their first pop if the group is not FIFO
         self._held = {key for key, sub in self.subscriptions.items() if fifo.has_held(sub)}
         self.sessions = Sessions(self.config.client_expire_ms)
-        self.long_polling = LongPolling()
+        self.long_polling = LongPolling(self.clock)
         self._pop_start: dict[tuple[str, str], int] = {}  # first queue of the next pop per group and topic
-        self._wake_timers: dict[str, tuple[int, asyncio.TimerHandle]] = {}
+        self._wake_timers: dict[str, tuple[int, clock.Timer]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scan_incomplete = False  # set by a pop that stopped at _SCAN_LIMIT with entries left
@@ -97,9 +97,8 @@ class Broker:
                 pass  # the loop closed between the check and the call
 
     async def _maintenance_loop(self) -> None:
-        interval = self.config.renew_interval_ms / 1000
         while True:
-            await asyncio.sleep(interval)
+            await clock.sleep(self.clock, self.config.renew_interval_ms)
             try:
                 self.renew(self.clock())
                 self.journal.sync()
@@ -111,9 +110,8 @@ class Broker:
                 log.exception("broker maintenance failed")
 
     async def _transaction_check_loop(self) -> None:
-        interval = self.config.transaction_check_interval_ms / 1000
         while True:
-            await asyncio.sleep(interval)
+            await clock.sleep(self.clock, self.config.transaction_check_interval_ms)
             try:
                 await self.transactions.check(self.clock())
             except Exception:
@@ -121,7 +119,7 @@ class Broker:
 
     async def _revive_loop(self) -> None:
         while True:
-            await asyncio.sleep(REVIVE_INTERVAL_S)
+            await clock.sleep(self.clock, REVIVE_INTERVAL_MS)
             try:
                 self.revive(self.clock())
             except Exception:
@@ -313,14 +311,13 @@ class Broker:
     async def receive(self, req: ReceiveRequest) -> list[Received]:
         topic, group, tag_filter = self.check_receive(req)
         sub = self._subscription(group.name, topic.name)
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + req.poll_ms / 1000
+        give_up = self.clock() + req.poll_ms
         while True:
             self._scan_incomplete = False
             got = self.pop(sub, topic, group, tag_filter, req)
             if got or self.long_polling.closed or self.sessions.terminated(req.client_id):
                 return got
-            remaining = give_up - loop.time()
+            remaining = give_up - self.clock()
             if remaining <= 0:
                 return got  # a scan cut short resumes at the next receive: its cursors moved on
             if self._scan_incomplete:  # filtered-out entries left to skip: go on, letting others run
@@ -328,7 +325,7 @@ class Broker:
                 continue
             due = sub.next_due()
             if due is not None:
-                remaining = min(remaining, max(0.0, (due - self.clock()) / 1000))
+                remaining = min(remaining, max(0, due - self.clock()))
             await self.long_polling.wait(topic.name, req.client_id, remaining)
 
     def _subscription(self, group: str, topic: str) -> Subscription:
@@ -518,16 +515,14 @@ class Broker:
     def _schedule_wake(self, topic: str, due: int) -> None:
         """Wake the topic's waiting receivers when `due` passes, so redeliveries are not held
         back until a long poll ends.  One timer per topic, for its earliest deadline."""
-        loop = self._loop
-        if loop is None:
+        if self._loop is None:
             return
         current = self._wake_timers.get(topic)
         if current is not None and current[0] <= due:
             return
         if current is not None:
             current[1].cancel()
-        delay = max(0.0, (due - self.clock()) / 1000)
-        self._wake_timers[topic] = (due, loop.call_later(delay, self._wake_topic, topic))
+        self._wake_timers[topic] = (due, self.clock.call_later(due - self.clock(), lambda: self._wake_topic(topic)))
 
     def _wake_topic(self, topic: str) -> None:
         self._wake_timers.pop(topic, None)

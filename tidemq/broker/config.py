@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
+from .clock import Clock, WallClock
 
 # RocketMQ's default customized backoff for push consumers (messageDelayLevel 3 onward), in ms.
 DEFAULT_RETRY_BACKOFF_MS = [
@@ -49,4 +44,5 @@ class BrokerConfig:
     # fresh messages; 0: a redelivery ranks just below the fresh messages of its level
     priority_retry_first_percent: int = 0  # popFromRetryProbabilityForPriority
     advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
-    clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)
+    # the one clock of deadlines, long polling and timers (clock.py)
+    clock: Clock = field(default_factory=WallClock, repr=False)

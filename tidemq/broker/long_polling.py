@@ -1,28 +1,31 @@
 """Receivers waiting for messages, woken by the store's dispatch notifications.
 
 A waiting receive registers a future under its topic (and its client id); `notify(topics)` wakes
-every waiter of those topics, which then pops again.  Owned by the event loop."""
+every waiter of those topics, which then pops again.  A wait ends after its timeout on the
+broker's clock.  Owned by the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 
+from .clock import Clock
+
 
 class LongPolling:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self._by_topic: dict[str, set[asyncio.Future]] = {}
         self._by_client: dict[str, set[asyncio.Future]] = {}
         self.closed = False
 
-    async def wait(self, topic: str, client_id: str, timeout: float) -> None:
-        """Return when woken or after `timeout` seconds, whichever comes first."""
-        if self.closed or timeout <= 0:
+    async def wait(self, topic: str, client_id: str, timeout_ms: float) -> None:
+        """Return when woken or after `timeout_ms`, whichever comes first."""
+        if self.closed or timeout_ms <= 0:
             return
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future = asyncio.get_running_loop().create_future()
         self._by_topic.setdefault(topic, set()).add(future)
         self._by_client.setdefault(client_id, set()).add(future)
-        timer = loop.call_later(timeout, _wake, future)
+        timer = self.clock.call_later(timeout_ms, lambda: _wake(future))
         try:
             await future
         finally:

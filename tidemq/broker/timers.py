@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..store import Message, MessageStore, record
+from .clock import Clock
 
 if TYPE_CHECKING:
     import asyncio
@@ -215,7 +216,7 @@ class TimerService:
     """Releases due timer and delay-level messages through `put` (the broker's durable store
     call).  `release_due()` does one round; the broker runs `run()` in the background."""
 
-    def __init__(self, store: MessageStore, directory: Path, clock: Callable[[], int], put: Put) -> None:
+    def __init__(self, store: MessageStore, directory: Path, clock: Clock, put: Put) -> None:
         self.store = store
         self.path = directory / "timers.json"
         self.clock = clock
@@ -493,7 +494,8 @@ class TimerService:
 
     async def run(self, flush: Callable[[], Awaitable[None]], interval_ms: int = 1000) -> None:
         """Release due messages as their time comes; checkpoint every `interval_ms` when
-        something changed.  `flush` makes the releases durable before a checkpoint."""
+        something changed.  `flush` makes the releases durable before a checkpoint.  Waits are on
+        the broker's clock."""
         import asyncio
 
         wake = self._wake = asyncio.Event()
@@ -514,10 +516,11 @@ class TimerService:
                 continue
             due = self.next_due()
             wait = interval_ms if due is None else max(0, min(interval_ms, due - self.clock()))
+            timer = self.clock.call_later(wait, wake.set)
             try:
-                await asyncio.wait_for(wake.wait(), wait / 1000)
-            except TimeoutError:
-                pass
+                await wake.wait()
+            finally:
+                timer.cancel()
 
     def listener(self, loop) -> Callable[[dict], None]:
         """A store arrival listener (dispatch thread) that wakes `run` for new timer entries."""
