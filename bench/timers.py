@@ -1,6 +1,6 @@
-"""Timer benchmarks (the delay and timer part of the message-type benchmarks; bench/types.py has
-FIFO and transactions).  Timer accuracy: how late delay messages reach a consumer while many
-other timers are pending.
+"""Timer benchmarks (the delay and timer part of the message-type benchmarks; bench/types.py runs
+FIFO, transactions and `timers` below).  Timer accuracy: how late delay messages reach a
+consumer while many other timers are pending.
 
     .venv/bin/python bench/timers.py timers [--pending N] [--measured M] [--spread-ms S] [--load-rate R]
     .venv/bin/python bench/timers.py tick [--due-per-round K] [--rounds R]
@@ -37,6 +37,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest, admin  # noqa: E402
+from tidemq.broker.clock import VirtualClock  # noqa: E402
 from tidemq.store import MessageStore, StoreConfig  # noqa: E402
 
 
@@ -174,22 +175,22 @@ async def round_cost(pending: int, due_per_round: int, rounds: int) -> float:
     import heapq
 
     directory = Path(tempfile.mkdtemp(prefix="tidemq-bench-tick-"))
-    clock = [now_ms()]
+    clock = VirtualClock(now_ms())
     store = MessageStore(directory / "store", StoreConfig(flush="async", segment_size=64 << 20))
-    broker = Broker(store, BrokerConfig(clock=lambda: clock[0]))
+    broker = Broker(store, BrokerConfig(clock=clock))
     try:
         admin.create_topic(broker, "BenchDelay", 8, "DELAY")
         service = broker.timers
-        far = (clock[0] + 23 * 3_600_000) << 40
+        far = (clock() + 23 * 3_600_000) << 40
         service._heap.extend(far + i for i in range(pending))  # sorted keys: already a heap
-        await send_delayed(broker, "BenchDelay", [clock[0] + 1 + r for r in range(rounds) for _ in range(due_per_round)], "T")
+        await send_delayed(broker, "BenchDelay", [clock() + 1 + r for r in range(rounds) for _ in range(due_per_round)], "T")
         store.wait_dispatched()
         while service.loading():
             service._load()
         heapq.heapify(service._heap)
         cpu = 0.0
         for _ in range(rounds):
-            clock[0] += 1
+            clock.advance(1)
             start = time.process_time()
             released = await service.release_due()
             cpu += time.process_time() - start
