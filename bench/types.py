@@ -1,6 +1,8 @@
-"""Message-type benchmark: FIFO and transactional messages against normal ones, in the broker.
+"""Message-type benchmark: FIFO and transactional messages against normal ones, and the accuracy
+of timers with many pending, in the broker.
 
     .venv/bin/python bench/types.py [--messages N] [--groups G] [--rounds R]
+                                    [--pending P] [--measured M] [--no-timers]
 
 The broker runs in this process over a real store (temp directory, async flush), without the
 gRPC transport, whose cost per call is the same for every type: the figures are the broker's own
@@ -12,7 +14,10 @@ rounds:
   FIFO group (the two take turns going first): messages per second and the FIFO/normal ratio
   (target: at least 0.70);
 - send: N one-message sends to a normal topic, then N transactional sends each followed by its
-  EndTransaction COMMIT: transactions per second and the ratio to normal sends.
+  EndTransaction COMMIT: transactions per second and the ratio to normal sends;
+- timers (bench/timers.py `timers`, wall clock, normal load meanwhile): M delay messages due over
+  10 s, first with no other timer pending, then with P (default 1,000,000) due in 12-24 h:
+  delivery minus due time, p50 and p99 (target: p99 under 100 ms), with the load average.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest, admin  # noqa: E402
 from tidemq.store import MessageStore, StoreConfig  # noqa: E402
+from timers import report, run_timers  # noqa: E402  (bench/timers.py, beside this file)
 
 BATCH = 64  # messages per send_batch call when filling a topic
 
@@ -96,6 +102,9 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--groups", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--pending", type=int, default=1_000_000, help="far-future timers pending meanwhile")
+    parser.add_argument("--measured", type=int, default=2_000, help="delay messages whose lateness is measured")
+    parser.add_argument("--no-timers", action="store_true", help="FIFO and transactions only")
     args = parser.parse_args()
     rounds = []
     for r in range(args.rounds):
@@ -109,7 +118,19 @@ def main() -> int:
         print(f"  {key:18} {value:,.2f}" if value < 10 else f"  {key:18} {value:,.0f}")
     ratio = statistics.median(r["FIFO/normal"] for r in rounds)
     print(f"FIFO consume at {ratio:.0%} of normal (target: at least 70%)")
+    if not args.no_timers:
+        timer_accuracy(args.pending, args.measured)
     return 0
+
+
+def timer_accuracy(pending: int, measured: int, spread_ms: int = 10_000, load_rate: int = 2_000) -> None:
+    print(f"timer accuracy: {measured:,} delay messages due over {spread_ms:,} ms, {load_rate:,} normal messages/s"
+          f" meanwhile; with no other timer pending, then with {pending:,}:")
+    runs = [asyncio.run(run_timers(n, measured, spread_ms, load_rate)) for n in (0, pending)]
+    for figures in runs:
+        report(figures, measured)
+    p99 = runs[1]["p99"]
+    print(f"timer p99 {p99:.0f} ms with {pending:,} pending (target: under 100 ms: {'met' if p99 < 100 else 'NOT met'})")
 
 
 if __name__ == "__main__":
