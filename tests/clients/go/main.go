@@ -2,16 +2,23 @@
 // commands and output as tests/clients/java (see tests/clients/__init__.py):
 //
 //	send    --endpoint H:P --topic T [--count N] [--body TEXT ({i}: the index)] [--tag X] [--keys K1,K2]
-//	        [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION] [--group MESSAGE_GROUP] [--delay-ms D]
-//	        [--priority P] [--transaction commit|rollback|none] [--check commit|rollback|unknown]
+//	        [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION] [--group MESSAGE_GROUP | --groups G]
+//	        [--delay-ms D] [--priority P] [--transaction commit|rollback|none]
+//	        [--check commit|rollback|unknown] [--await-checks C] [--timeout-ms T]
 //	receive --endpoint H:P --topic T --group G [--count N] [--simple | --push] [--filter TAG_EXPRESSION]
-//	        [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack]
+//	        [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K]
 //	both:   [--tls default|on|off] (default: the client's own default, TLS on) [--namespace NS]
 //
 // One JSON object a line on stdout: first {"event": "client", "language": "go", "tls": B} (B: whether
 // the client's configuration has TLS on), then {"event": "sent", ...} per message sent, {"event":
 // "received", ...} per message received, then {"event": "done", "count": N}.  Exit status 0 when every message
 // was sent or received, 3 when a receive ran out of time, 1 on an error (stderr).
+//
+// --groups G gives message i the message group "group-(i mod G)".  --await-checks C keeps the
+// producer open after its sends until its transaction checker has answered for C distinct messages
+// (a "checked" line per answer), within --timeout-ms.  --fail-every K fails the first delivery of every K-th distinct
+// message (push: the listener answers FAILURE; simple: its invisible duration is changed to 0),
+// its "received" line saying "failed": true; N counts the messages consumed.
 package main
 
 import (
@@ -32,7 +39,7 @@ import (
 type options struct {
 	endpoint, topic, group, body, tag, keys, kind, tls, namespace string
 	transaction, check, filter                                    string
-	count, priority                                               int
+	count, priority, groups, awaitChecks, failEvery               int
 	delayMs, awaitMs, invisibleMs, timeoutMs, requestTimeoutMs    int
 	simple, push, noAck                                           bool
 	set                                                           map[string]bool
@@ -72,6 +79,9 @@ func parse(args []string) *options {
 	flags.StringVar(&o.filter, "filter", "*", "tag expression")
 	flags.IntVar(&o.count, "count", 1, "messages to send or receive")
 	flags.IntVar(&o.priority, "priority", 0, "priority")
+	flags.IntVar(&o.groups, "groups", 0, "message groups, round robin")
+	flags.IntVar(&o.awaitChecks, "await-checks", 0, "transaction checks to wait for after the sends")
+	flags.IntVar(&o.failEvery, "fail-every", 0, "fail the first delivery of every K-th message")
 	flags.IntVar(&o.delayMs, "delay-ms", 1000, "delivery delay")
 	flags.IntVar(&o.awaitMs, "await-ms", 2000, "simple consumer long polling")
 	flags.IntVar(&o.invisibleMs, "invisible-ms", 20000, "invisible duration")
@@ -117,7 +127,9 @@ func (o *options) message(index int) *rmq.Message {
 	if o.set["keys"] {
 		msg.SetKeys(strings.Split(o.keys, ",")...)
 	}
-	if o.kind == "FIFO" || o.set["group"] {
+	if o.groups > 0 {
+		msg.SetMessageGroup("group-" + strconv.Itoa(index%o.groups))
+	} else if o.kind == "FIFO" || o.set["group"] {
 		group := o.group
 		if group == "" {
 			group = "group-0"
@@ -153,14 +165,48 @@ func view(event string, mv *rmq.MessageView) map[string]any {
 	}
 }
 
+// failing decides whether a delivery fails: the first of every K-th distinct message (--fail-every K).
+type failing struct {
+	mu    sync.Mutex
+	every int
+	seen  map[string]bool
+}
+
+func (f *failing) fails(mv *rmq.MessageView) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.seen[mv.GetMessageId()]; f.every <= 0 || ok {
+		return false
+	}
+	fail := (len(f.seen)+1)%f.every == 0
+	f.seen[mv.GetMessageId()] = fail
+	return fail
+}
+
+func receivedLine(mv *rmq.MessageView, failed bool) map[string]any {
+	line := view("received", mv)
+	line["received_at"] = time.Now().UnixMilli()
+	line["failed"] = failed
+	return line
+}
+
 func send(o *options) int {
 	opts := []rmq.ProducerOption{rmq.WithTopics(o.topic)}
+	checks := make(chan struct{}, 1<<16)
+	var checkedMu sync.Mutex
+	checked := map[string]bool{}
 	if o.kind == "TRANSACTION" {
 		resolution := map[string]rmq.TransactionResolution{"commit": rmq.COMMIT, "rollback": rmq.ROLLBACK,
 			"unknown": rmq.UNKNOWN}[o.check]
 		opts = append(opts, rmq.WithTransactionChecker(&rmq.TransactionChecker{
 			Check: func(mv *rmq.MessageView) rmq.TransactionResolution {
 				emit(view("checked", mv))
+				checkedMu.Lock()
+				if !checked[mv.GetMessageId()] {
+					checked[mv.GetMessageId()] = true
+					checks <- struct{}{}
+				}
+				checkedMu.Unlock()
 				return resolution
 			},
 		}))
@@ -195,6 +241,15 @@ func send(o *options) int {
 		emit(map[string]any{"event": "sent", "index": i, "message_id": receipts[0].MessageID, "topic": o.topic,
 			"body": o.bodyOf(i)})
 	}
+	giveUp := time.After(time.Duration(o.timeoutMs) * time.Millisecond)
+	for checked := 0; checked < o.awaitChecks; checked++ {
+		select {
+		case <-checks:
+		case <-giveUp:
+			emit(map[string]any{"event": "done", "count": o.count})
+			return 3
+		}
+	}
 	emit(map[string]any{"event": "done", "count": o.count})
 	return 0
 }
@@ -206,17 +261,18 @@ func receive(o *options) int {
 	subscription := map[string]*rmq.FilterExpression{o.topic: rmq.NewFilterExpression(o.filter)}
 	giveUp := time.Now().Add(time.Duration(o.timeoutMs) * time.Millisecond)
 	received := 0
+	failures := &failing{every: o.failEvery, seen: map[string]bool{}}
 	if o.push {
-		arrived := make(chan *rmq.MessageView, 1024)
-		result := rmq.SUCCESS
-		if o.noAck {
-			result = rmq.FAILURE
-		}
+		arrived := make(chan map[string]any, 1024)
 		consumer, err := rmq.NewPushConsumer(o.config(o.group),
 			rmq.WithPushSubscriptionExpressions(subscription),
 			rmq.WithPushMessageListener(&rmq.FuncMessageListener{Consume: func(mv *rmq.MessageView) rmq.ConsumerResult {
-				arrived <- mv
-				return result
+				failed := failures.fails(mv)
+				arrived <- receivedLine(mv, failed)
+				if failed || o.noAck {
+					return rmq.FAILURE
+				}
+				return rmq.SUCCESS
 			}}))
 		if err != nil {
 			fail(err)
@@ -228,9 +284,11 @@ func receive(o *options) int {
 	wait:
 		for received < o.count {
 			select {
-			case mv := <-arrived:
-				emit(view("received", mv))
-				received++
+			case line := <-arrived:
+				emit(line)
+				if !line["failed"].(bool) {
+					received++
+				}
 			case <-timer.C:
 				break wait
 			}
@@ -264,7 +322,14 @@ func receive(o *options) int {
 				continue
 			}
 			for _, mv := range mvs {
-				emit(view("received", mv))
+				failed := failures.fails(mv)
+				emit(receivedLine(mv, failed))
+				if failed {
+					if err := consumer.ChangeInvisibleDuration(mv, 0); err != nil {
+						fail(err)
+					}
+					continue
+				}
 				if !o.noAck {
 					if err := consumer.Ack(context.Background(), mv); err != nil {
 						fail(err)

@@ -34,10 +34,11 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  *
  * <pre>
  * send    --endpoint H:P --topic T [--count N] [--body TEXT ({i}: the index)] [--tag X] [--keys K1,K2]
- *         [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION] [--group MESSAGE_GROUP] [--delay-ms D]
- *         [--priority P] [--transaction commit|rollback|none] [--check commit|rollback|unknown]
+ *         [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION] [--group MESSAGE_GROUP | --groups G]
+ *         [--delay-ms D] [--priority P] [--transaction commit|rollback|none]
+ *         [--check commit|rollback|unknown] [--await-checks C] [--timeout-ms T]
  * receive --endpoint H:P --topic T --group G [--count N] [--simple | --push] [--filter TAG_EXPRESSION]
- *         [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack]
+ *         [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K]
  * both:   [--tls default|on|off] (default: the client's own default, TLS on) [--namespace NS]
  * </pre>
  *
@@ -45,10 +46,19 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  * whether the client's configuration has TLS on), then {"event": "sent", ...} per message sent,
  * {"event": "received", ...} per message received, then {"event": "done", "count": N}.  Exit status 0 when
  * every message was sent or received, 3 when a receive ran out of time, 1 on an error (stderr).
+ *
+ * --groups G gives message i the message group "group-(i mod G)".  --await-checks C keeps the
+ * producer open after its sends until its transaction checker has answered for C distinct messages
+ * (a "checked" line per answer), within --timeout-ms.  --fail-every K fails the first delivery of every K-th distinct
+ * message (push: the listener answers FAILURE; simple: its invisible duration is changed to 0),
+ * its "received" line saying "failed": true; N counts the messages consumed.
  */
 public final class Client {
     private final Map<String, String> options = new HashMap<>();
     private final ClientServiceProvider provider = ClientServiceProvider.loadService();
+    private final Map<String, Boolean> seen = new HashMap<>();
+    private final java.util.Set<String> checked = java.util.concurrent.ConcurrentHashMap.newKeySet();
+    private final java.util.concurrent.Semaphore checks = new java.util.concurrent.Semaphore(0);
 
     private Client(String[] args, int from) {
         for (int i = from; i < args.length; i++) {
@@ -131,10 +141,13 @@ public final class Client {
         ProducerBuilder builder = provider.newProducerBuilder()
             .setClientConfiguration(configuration()).setTopics(topic);
         if (type.equals("TRANSACTION")) {
-            TransactionResolution checked = TransactionResolution.valueOf(option("check", "commit").toUpperCase());
+            TransactionResolution answer = TransactionResolution.valueOf(option("check", "commit").toUpperCase());
             builder.setTransactionChecker(view -> {
                 emit(view("checked", view));
-                return checked;
+                if (checked.add(view.getMessageId().toString())) {
+                    checks.release();
+                }
+                return answer;
             });
         }
         try (Producer producer = builder.build()) {
@@ -161,9 +174,34 @@ public final class Client {
                 line.put("body", body(i));
                 emit(line);
             }
+            int awaited = Integer.parseInt(option("await-checks", "0"));
+            long wait = Long.parseLong(option("timeout-ms", "30000"));
+            if (awaited > 0 && !checks.tryAcquire(awaited, wait, TimeUnit.MILLISECONDS)) {
+                emit(done(count));
+                return 3;
+            }
         }
         emit(done(count));
         return 0;
+    }
+
+    /** Whether this delivery fails: the first delivery of every K-th distinct message (--fail-every K). */
+    private synchronized boolean fails(MessageView view) {
+        int every = Integer.parseInt(option("fail-every", "0"));
+        String id = view.getMessageId().toString();
+        if (every <= 0 || seen.containsKey(id)) {
+            return false;
+        }
+        boolean failing = (seen.size() + 1) % every == 0;
+        seen.put(id, failing);
+        return failing;
+    }
+
+    private static Map<String, Object> received(MessageView view, boolean failed) {
+        Map<String, Object> line = view("received", view);
+        line.put("received_at", System.currentTimeMillis());
+        line.put("failed", failed);
+        return line;
     }
 
     private String body(int index) {
@@ -179,7 +217,9 @@ public final class Client {
         if (options.containsKey("keys")) {
             builder.setKeys(options.get("keys").split(","));
         }
-        if (type.equals("FIFO") || options.containsKey("group")) {
+        if (options.containsKey("groups")) {
+            builder.setMessageGroup("group-" + index % Integer.parseInt(options.get("groups")));
+        } else if (type.equals("FIFO") || options.containsKey("group")) {
             builder.setMessageGroup(option("group", "group-0"));
         }
         if (type.equals("DELAY") || options.containsKey("delay-ms")) {
@@ -202,24 +242,27 @@ public final class Client {
         subscription.put(topic, new FilterExpression(option("filter", "*"), FilterExpressionType.TAG));
         int received = 0;
         if (options.containsKey("push")) {
-            LinkedBlockingQueue<MessageView> arrived = new LinkedBlockingQueue<>();
+            LinkedBlockingQueue<Map<String, Object>> arrived = new LinkedBlockingQueue<>();
             PushConsumer consumer = provider.newPushConsumerBuilder()
                 .setClientConfiguration(configuration()).setConsumerGroup(group)
                 .setSubscriptionExpressions(subscription)
                 .setMessageListener(view -> {
-                    arrived.add(view);
-                    return ack ? ConsumeResult.SUCCESS : ConsumeResult.FAILURE;
+                    boolean failed = fails(view);
+                    arrived.add(received(view, failed));
+                    return ack && !failed ? ConsumeResult.SUCCESS : ConsumeResult.FAILURE;
                 })
                 .build();
             try {
                 while (received < count) {
                     long left = giveUp - System.nanoTime();
-                    MessageView view = left > 0 ? arrived.poll(left, TimeUnit.NANOSECONDS) : null;
-                    if (view == null) {
+                    Map<String, Object> line = left > 0 ? arrived.poll(left, TimeUnit.NANOSECONDS) : null;
+                    if (line == null) {
                         break;
                     }
-                    emit(view("received", view));
-                    received++;
+                    emit(line);
+                    if (!(Boolean) line.get("failed")) {
+                        received++;
+                    }
                 }
             } finally {
                 consumer.close();
@@ -240,7 +283,12 @@ public final class Client {
                         continue;
                     }
                     for (MessageView view : views) {
-                        emit(view("received", view));
+                        boolean failed = fails(view);
+                        emit(received(view, failed));
+                        if (failed) {
+                            consumer.changeInvisibleDuration(view, Duration.ZERO);
+                            continue;
+                        }
                         if (ack) {
                             consumer.ack(view);
                         }
