@@ -90,28 +90,33 @@ def test_commit_rollback_and_check_back(tx_server):
         clients.close()
 
 
-@pytest.mark.parametrize("language", ["java", "go"])
-def test_official_java_and_go_transaction_producers_commit_and_roll_back(tx_server, request, language):
-    client = request.getfixturevalue(f"{language}_client")
-    clients = Clients(tx_server)
+def assert_only_committed(server, topic: str, expected: set[bytes]) -> None:
+    """A new consumer group of `topic` receives exactly `expected` (the rolled back never come)."""
+    clients = Clients(server)
     try:
-        topic = unique(f"Tx{language}")
-        assert tidemq("topic", "create", topic, "--type", "TRANSACTION", "--server", tx_server.address).returncode == 0
-        for outcome in ("commit", "rollback"):
-            sent = client.run("send", tx_server.address, "--topic", topic, "--type", "TRANSACTION", "--count", 2,
-                              "--body", f"{outcome}-{{i}}", "--transaction", outcome, "--check", outcome).check()
-            assert len(sent.events("sent")) == 2
         consumer = clients.simple(unique("TxG"), {topic: FilterExpression()}, await_duration=1)
         got = set()
 
-        def committed():
+        def committed() -> bool:
             for m in consumer.receive(16, 10):
                 got.add(m.body)
                 consumer.ack(m)
-            return len(got) >= 2
+            return len(got) >= len(expected)
 
         wait_until(committed, timeout=30, what="the committed messages")
-        assert got == {b"commit-0", b"commit-1"}
-        assert consumer.receive(16, 10) == []  # the rolled back ones never come
+        assert got == expected
+        assert consumer.receive(16, 10) == []
     finally:
         clients.close()
+
+
+@pytest.mark.parametrize("language", ["java", "go"])
+def test_official_java_and_go_transaction_producers_commit_and_roll_back(tx_server, request, language):
+    client = request.getfixturevalue(f"{language}_client")
+    topic = unique(f"Tx{language}")
+    assert tidemq("topic", "create", topic, "--type", "TRANSACTION", "--server", tx_server.address).returncode == 0
+    for outcome in ("commit", "rollback"):
+        sent = client.run("send", tx_server.address, "--topic", topic, "--type", "TRANSACTION", "--count", 2,
+                          "--body", f"{outcome}-{{i}}", "--transaction", outcome, "--check", outcome).check()
+        assert len(sent.events("sent")) == 2
+    assert_only_committed(tx_server, topic, {b"commit-0", b"commit-1"})

@@ -8,11 +8,11 @@ and rollback by the producer itself: test_transactions.py.)"""
 from __future__ import annotations
 
 import pytest
-from rocketmq import FilterExpression
 from tidemq.protocol.grpc import admin_call
 
-from .server import running, tidemq, wait_until
-from .test_sdk import Clients, unique
+from .server import running, tidemq
+from .test_sdk import unique
+from .test_transactions import assert_only_committed
 
 GROUPS, PER_GROUP = 3, 4
 
@@ -83,22 +83,7 @@ def test_transaction_checkers_resolve_orphaned_half_messages(broker, request, la
                          "--await-checks", 2, "--timeout-ms", 30_000).check()
         checked[answer] = {(line["topic"], line["body"]) for line in run.events("checked")}
     assert checked == {answer: {(topic, f"{answer}-0"), (topic, f"{answer}-1")} for answer in ("commit", "rollback")}
-    clients = Clients(broker)
-    try:
-        consumer = clients.simple(unique("TxG"), {topic: FilterExpression()}, await_duration=1)
-        got = set()
-
-        def committed() -> bool:
-            for m in consumer.receive(16, 10):
-                got.add(m.body)
-                consumer.ack(m)
-            return len(got) >= 2
-
-        wait_until(committed, timeout=30, what="the messages committed by the check-back")
-        assert got == {b"commit-0", b"commit-1"}
-        assert consumer.receive(16, 10) == []  # the rolled back ones never come
-    finally:
-        clients.close()
+    assert_only_committed(broker, topic, {b"commit-0", b"commit-1"})
 
 
 @pytest.mark.parametrize("language", ["java", "go"])
