@@ -7,7 +7,10 @@ and rollback by the producer itself: test_transactions.py.)"""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+
 from tidemq.protocol.grpc import admin_call
 
 from .server import running, tidemq
@@ -42,7 +45,7 @@ def check_group_order(received: list[dict]) -> None:
         by_group.setdefault(line["message_group"], []).append(index // GROUPS)
     assert len(by_group) == GROUPS
     for group, seqs in by_group.items():
-        for before, after in zip(seqs, seqs[1:]):
+        for before, after in itertools.pairwise(seqs):
             assert after in (before, before + 1), f"{group}: {before} then {after} in {seqs}"
         assert seqs[0] == 0 and seqs[-1] == PER_GROUP - 1, seqs
 

@@ -13,7 +13,8 @@ import asyncio
 import heapq
 import itertools
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 
 class Timer(Protocol):
@@ -89,8 +90,13 @@ class _VirtualTimer:
 
 async def sleep(clock: Clock, ms: float) -> None:
     """Wait `ms` on `clock`."""
-    future = asyncio.get_running_loop().create_future()
-    timer = clock.call_later(ms, lambda: future.done() or future.set_result(None))
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    timer = clock.call_later(ms, wake)
     try:
         await future
     finally:
