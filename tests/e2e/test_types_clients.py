@@ -1,6 +1,7 @@
 """FIFO, transactions and delay messages with the official Java 5.2.0 and Go v5.1.4 clients
 (tests/e2e/clients.py) against one real server: a FIFO group's Simple and Push consumers get each
-message group strictly in order while every third message fails its first delivery; transaction
+message group strictly in order while every third message fails its first delivery, and a Push
+consumer forwards a message that always fails to the dead-letter queue, in order; transaction
 producers' orphaned half messages are resolved by their checkers through the check-back (commit:
 delivered, rollback: never); delay messages arrive no earlier than their delivery time.  (Commit
 and rollback by the producer itself: test_transactions.py.)"""
@@ -10,11 +11,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from rocketmq import FilterExpression
 
 from tidemq.protocol.grpc import admin_call
 
 from .server import running, tidemq
-from .test_sdk import unique
+from .test_sdk import Clients, receive_all, unique
 from .test_transactions import assert_only_committed
 
 GROUPS, PER_GROUP = 3, 4
@@ -50,17 +52,27 @@ def check_group_order(received: list[dict]) -> None:
         assert seqs[0] == 0 and seqs[-1] == PER_GROUP - 1, seqs
 
 
+def fifo_group(server, name: str, max_attempts: int) -> str:
+    group = unique(name)
+    admin_call(server.address, "CreateGroup", name=group, max_attempts=max_attempts, retry_backoff_ms=[10, 10],
+               fifo=True)
+    return group
+
+
 @pytest.mark.parametrize("language", ["java", "go"])
 def test_fifo_simple_and_push_consumers_get_each_message_group_in_order_through_retries(broker, request, language):
     client = request.getfixturevalue(f"{language}_client")
     topic, count = create_topic(broker, "FIFO"), GROUPS * PER_GROUP
     receiving = {}
     for consumer in ("simple", "push"):  # a FIFO group each, receiving while the producer sends
-        group = unique(f"Fifo{consumer.title()}G")
-        admin_call(broker.address, "CreateGroup", name=group, max_attempts=5, retry_backoff_ms=[10, 10], fifo=True)
-        receiving[consumer] = client.start("receive", broker.address, "--topic", topic, "--group", group,
-                                           "--count", count, f"--{consumer}", "--fail-every", 3, "--await-ms", 1000,
-                                           "--timeout-ms", 90_000)
+        receiving[consumer] = client.start("receive", broker.address, "--topic", topic, "--group",
+                                           fifo_group(broker, f"Fifo{consumer.title()}G", 5), "--count", count,
+                                           f"--{consumer}", "--fail-every", 3, "--await-ms", 1000, "--timeout-ms", 90_000)
+    # and a push consumer for which message 4 (the second of group-1) always fails: after its two
+    # local attempts it goes to the dead-letter queue and its group goes on
+    poisoned = fifo_group(broker, "FifoPoisonG", 2)
+    receiving["poisoned"] = client.start("receive", broker.address, "--topic", topic, "--group", poisoned,
+                                         "--count", count - 1, "--push", "--poison", 4, "--timeout-ms", 90_000)
     sent = client.run("send", broker.address, "--topic", topic, "--type", "FIFO", "--groups", GROUPS,
                       "--count", count, "--body", "{i}").check().events("sent")
     assert len(sent) == count
@@ -69,10 +81,20 @@ def test_fifo_simple_and_push_consumers_get_each_message_group_in_order_through_
         check_group_order(received)
         assert {line["message_id"] for line in received} == {line["message_id"] for line in sent}
         failed = [line for line in received if line["failed"]]
-        assert len(failed) == count // 3
+        if consumer == "poisoned":
+            assert [line["body"] for line in failed] == ["4", "4"]
+        else:
+            assert len(failed) == count // 3
         if consumer == "simple":  # a failed message comes back from the broker as its next attempt
             assert all(line["delivery_attempt"] == 1 for line in failed)
             assert sum(1 for line in received if line["delivery_attempt"] == 2) == len(failed)
+    clients = Clients(broker)
+    try:
+        dlq = clients.simple(unique("DLQReader"), {f"%DLQ%{poisoned}": FilterExpression()}, await_duration=1)
+        (dead,) = receive_all(dlq, 1)
+        assert dead.body == b"4" and dead.message_group == "group-1"
+    finally:
+        clients.close()
 
 
 @pytest.mark.parametrize("language", ["java", "go"])

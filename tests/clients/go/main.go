@@ -6,7 +6,7 @@
 //	        [--delay-ms D] [--priority P] [--transaction commit|rollback|none]
 //	        [--check commit|rollback|unknown] [--await-checks C] [--timeout-ms T]
 //	receive --endpoint H:P --topic T --group G [--count N] [--simple | --push] [--filter TAG_EXPRESSION]
-//	        [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K]
+//	        [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K] [--poison BODY]
 //	both:   [--tls default|on|off] (default: the client's own default, TLS on) [--namespace NS]
 //
 // One JSON object a line on stdout: first {"event": "client", "language": "go", "tls": B} (B: whether
@@ -18,7 +18,8 @@
 // producer open after its sends until its transaction checker has answered for C distinct messages
 // (a "checked" line per answer), within --timeout-ms.  --fail-every K fails the first delivery of every K-th distinct
 // message (push: the listener answers FAILURE; simple: its invisible duration is changed to 0),
-// its "received" line saying "failed": true; N counts the messages consumed.
+// its "received" line saying "failed": true; --poison BODY fails every delivery of a message with
+// that body; N counts the messages consumed.
 package main
 
 import (
@@ -38,7 +39,7 @@ import (
 
 type options struct {
 	endpoint, topic, group, body, tag, keys, kind, tls, namespace string
-	transaction, check, filter                                    string
+	transaction, check, filter, poison                            string
 	count, priority, groups, awaitChecks, failEvery               int
 	delayMs, awaitMs, invisibleMs, timeoutMs, requestTimeoutMs    int
 	simple, push, noAck                                           bool
@@ -77,6 +78,7 @@ func parse(args []string) *options {
 	flags.StringVar(&o.transaction, "transaction", "commit", "commit|rollback|none")
 	flags.StringVar(&o.check, "check", "commit", "commit|rollback|unknown: the transaction checker's answer")
 	flags.StringVar(&o.filter, "filter", "*", "tag expression")
+	flags.StringVar(&o.poison, "poison", "", "fail every delivery of the message with this body")
 	flags.IntVar(&o.count, "count", 1, "messages to send or receive")
 	flags.IntVar(&o.priority, "priority", 0, "priority")
 	flags.IntVar(&o.groups, "groups", 0, "message groups, round robin")
@@ -165,16 +167,21 @@ func view(event string, mv *rmq.MessageView) map[string]any {
 	}
 }
 
-// failing decides whether a delivery fails: the first of every K-th distinct message (--fail-every K).
+// failing decides whether a delivery fails: a poison message's, or the first of every K-th distinct
+// message (--fail-every K).
 type failing struct {
-	mu    sync.Mutex
-	every int
-	seen  map[string]bool
+	mu     sync.Mutex
+	every  int
+	poison string
+	seen   map[string]bool
 }
 
 func (f *failing) fails(mv *rmq.MessageView) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.poison != "" && string(mv.GetBody()) == f.poison {
+		return true
+	}
 	if _, ok := f.seen[mv.GetMessageId()]; f.every <= 0 || ok {
 		return false
 	}
@@ -261,7 +268,7 @@ func receive(o *options) int {
 	subscription := map[string]*rmq.FilterExpression{o.topic: rmq.NewFilterExpression(o.filter)}
 	giveUp := time.Now().Add(time.Duration(o.timeoutMs) * time.Millisecond)
 	received := 0
-	failures := &failing{every: o.failEvery, seen: map[string]bool{}}
+	failures := &failing{every: o.failEvery, poison: o.poison, seen: map[string]bool{}}
 	if o.push {
 		arrived := make(chan map[string]any, 1024)
 		consumer, err := rmq.NewPushConsumer(o.config(o.group),

@@ -38,7 +38,7 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  *         [--delay-ms D] [--priority P] [--transaction commit|rollback|none]
  *         [--check commit|rollback|unknown] [--await-checks C] [--timeout-ms T]
  * receive --endpoint H:P --topic T --group G [--count N] [--simple | --push] [--filter TAG_EXPRESSION]
- *         [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K]
+ *         [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K] [--poison BODY]
  * both:   [--tls default|on|off] (default: the client's own default, TLS on) [--namespace NS]
  * </pre>
  *
@@ -51,7 +51,8 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  * producer open after its sends until its transaction checker has answered for C distinct messages
  * (a "checked" line per answer), within --timeout-ms.  --fail-every K fails the first delivery of every K-th distinct
  * message (push: the listener answers FAILURE; simple: its invisible duration is changed to 0),
- * its "received" line saying "failed": true; N counts the messages consumed.
+ * its "received" line saying "failed": true; --poison BODY fails every delivery of a message with
+ * that body; N counts the messages consumed.
  */
 public final class Client {
     private final Map<String, String> options = new HashMap<>();
@@ -185,8 +186,11 @@ public final class Client {
         return 0;
     }
 
-    /** Whether this delivery fails: the first delivery of every K-th distinct message (--fail-every K). */
+    /** Whether this delivery fails: a poison message's, or the first of every K-th distinct message. */
     private synchronized boolean fails(MessageView view) {
+        if (options.containsKey("poison") && options.get("poison").equals(view("received", view).get("body"))) {
+            return true;
+        }
         int every = Integer.parseInt(option("fail-every", "0"));
         String id = view.getMessageId().toString();
         if (every <= 0 || seen.containsKey(id)) {
