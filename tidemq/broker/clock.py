@@ -66,18 +66,10 @@ class VirtualClock:
             timer.fire()
         self.now = end
 
-    def pending(self) -> int:
-        """Timers set and neither fired nor cancelled."""
-        return sum(1 for _, _, timer in self._timers if not timer.cancelled)
-
 
 class _VirtualTimer:
     def __init__(self, callback: Callable[[], object]) -> None:
         self.callback: Callable[[], object] | None = callback
-
-    @property
-    def cancelled(self) -> bool:
-        return self.callback is None
 
     def cancel(self) -> None:
         self.callback = None
