@@ -32,9 +32,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest, admin  # noqa: E402
-from tidemq.store import MessageStore, StoreConfig  # noqa: E402
-from timers import report, run_timers  # noqa: E402  (bench/timers.py, beside this file)
+from timers import report, run_timers  # bench/timers.py, beside this file
+
+from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest, admin
+from tidemq.store import MessageStore, StoreConfig
 
 BATCH = 64  # messages per send_batch call when filling a topic
 
