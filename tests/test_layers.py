@@ -102,6 +102,7 @@ STORE_FOLDERS = {
     "index": ("format", "log", "dispatch.requests"),
     "dispatch": ("format", "log", "queues", "index"),
     "recovery": ("format", "log", "queues", "dispatch.requests"),
+    "light": ("format", "log", "queues", "dispatch.requests"),
 }
 STORE_SHARED = ("errors", "_dispatch")
 

@@ -35,6 +35,7 @@ from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLock
 from .format import record
 from .index.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
 from .index.key_index import KeyIndex
+from .light.queues import LIGHT_QUEUE_STORES, LightQueues
 from .log.checkpoint import Checkpoint
 from .log.commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
 from .log.flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
@@ -75,11 +76,18 @@ class StoreConfig:
     message_index_enable: bool = True  # messageIndexEnable: the key index (UNIQ_KEY and KEYS)
     index_hash_slots: int = DEFAULT_HASH_SLOTS  # maxHashSlotNum
     index_max_entries: int = DEFAULT_MAX_ENTRIES  # maxIndexNum
+    # light message queues (RIP-28): both on for multi-dispatch, as in RocketMQ (see docs/light-queues.md)
+    enable_lmq: bool = True  # enableLmq: %LMQ% queues are light queues, read as queue 0
+    enable_multi_dispatch: bool = True  # enableMultiDispatch: INNER_MULTI_DISPATCH names get units
+    light_queue_store: str = "kv"  # "kv": the key-value tables; "file": RocketMQ's consumequeue/%LMQ%name/0/
+    light_queue_idle_expiry_ms: int = 24 * 3600 * 1000  # idle, fully consumed light queues go after it; 0: never
     clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)
 
     def __post_init__(self) -> None:
         if self.flush not in (FLUSH_ASYNC, FLUSH_SYNC):
             raise ValueError(f"flush must be {FLUSH_ASYNC!r} or {FLUSH_SYNC!r}, not {self.flush!r}")
+        if self.light_queue_store not in LIGHT_QUEUE_STORES:
+            raise ValueError(f"light_queue_store must be one of {LIGHT_QUEUE_STORES}, not {self.light_queue_store!r}")
         if self.dispatch_workers < 0:
             raise ValueError(f"dispatch_workers must be 0 (the dispatch thread alone) or more, not {self.dispatch_workers}")
 
@@ -197,6 +205,11 @@ class MessageStore:
         self._append_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
         self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
+        self.light_queues = LightQueues(
+            self.directory, self.consume_queues, self._queue_offsets, self.commit_log, self._append_lock,
+            multi_dispatch=cfg.enable_multi_dispatch, backend=cfg.light_queue_store,
+            idle_expiry_ms=cfg.light_queue_idle_expiry_ms, max_name_bytes=cfg.max_topic_bytes,
+        ) if cfg.enable_lmq else None
         self._encoder = MessageEncoder(cfg, self.commit_log.segment_size)
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.key_index = (
@@ -282,6 +295,8 @@ class MessageStore:
                 cq.destroy()
             queues.queues.clear()
         queues.truncate(scan.end)
+        if self.light_queues is not None:
+            self.light_queues.truncate(scan.end)
         queues.correct_min_offset(commit_log.min_offset)
         if self.key_index is not None:
             self.key_index.recover_from_log(commit_log, scan.end, abnormal, self.checkpoint.index_msg_timestamp)
@@ -291,6 +306,8 @@ class MessageStore:
             redispatch_from = min(redispatch_from, self.checkpoint.confirm_phy_offset)
         if self.key_index is not None:
             redispatch_from = min(redispatch_from, self.key_index.covered_offset())
+        if self.light_queues is not None:
+            redispatch_from = min(redispatch_from, self.light_queues.covered_offset())
         redispatch_from = min(max(redispatch_from, commit_log.min_offset), scan.end)
         report.redispatched_from = redispatch_from
         # the store's dispatcher (worker processes, or the dispatch thread alone) redispatches
@@ -323,6 +340,8 @@ class MessageStore:
         """The store's dispatcher, starting at `offset` (a rebuild's replaces the first: its
         statistics are those of the records it dispatches again)."""
         self.dispatcher = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers)
+        if self.light_queues is not None:
+            self.dispatcher.add_sink(self.light_queues)
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -432,15 +451,25 @@ class MessageStore:
     def _append(self, messages) -> tuple[list[PutResult], int]:
         if self._closed:
             raise StoreClosedError("the store is closed")
+        light, multi = self.light_queues, None
+        if light is not None:
+            multi = light.check(messages)  # raises before anything is stored
         prepared = self._encoder.prepare_all(messages)  # raises before anything is stored
+        if multi:
+            light.fit(multi, prepared)
         results: list[PutResult] = []
         with self._append_lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             store_timestamp = self.clock()
+            taken = light.assign(multi, prepared) if multi else None
             try:
                 self._append_locked(messages, prepared, store_timestamp, results)
-            except OSError as exc:
+            except BaseException as exc:
+                if taken:
+                    light.unassign(taken, len(results))
+                if not isinstance(exc, OSError):
+                    raise
                 cut = f" from message {len(results)} of the batch on" if len(messages) > 1 else ""
                 error = StoreIOError(exc.errno, f"append failed, nothing stored{cut}: {exc.strerror or exc}")
                 error.stored = len(results)
@@ -542,8 +571,20 @@ class MessageStore:
 
     # -- reading --------------------------------------------------------------------------------
 
+    def _light(self, topic: str, queue_id: int) -> LightQueues | None:
+        """The light queues, if (topic, queue_id) is one of those in their key-value tables."""
+        light = self.light_queues
+        return light if light is not None and light.holds(topic, queue_id) else None
+
     def get(self, topic: str, queue_id: int, offset: int, max_count: int = 32) -> GetResult:
         """Messages of a queue from `offset`, up to its commit frontier."""
+        light = self._light(topic, queue_id)
+        if light is not None:
+            low, high = light.min_offset(topic), light.max_offset(topic)
+            units = light.read_units(topic, max(offset, low), max_count)
+            messages = [m for m in (self.read_unit(u) for u in units) if m is not None]
+            next_offset = units[-1].queue_offset + 1 if units else max(offset, low)
+            return GetResult(messages, min(next_offset, high), low, high)
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
             return GetResult([], offset, 0, 0)
@@ -553,6 +594,9 @@ class MessageStore:
         return GetResult(messages, min(next_offset, cq.commit_frontier), cq.min_offset, cq.commit_frontier)
 
     def read_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[Unit]:
+        light = self._light(topic, queue_id)
+        if light is not None:
+            return light.read_units(topic, offset, max_count)
         cq = self.consume_queues.get(topic, queue_id)
         return cq.read(offset, max_count) if cq is not None else []
 
@@ -585,20 +629,31 @@ class MessageStore:
         return result.store_timestamp if type(result) is record.Record else None
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        light = self._light(topic, queue_id)
+        if light is not None:
+            return light.min_offset(topic)
         cq = self.consume_queues.get(topic, queue_id)
         return cq.min_offset if cq is not None else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """Exclusive maximum readable offset: the queue's commit frontier."""
+        light = self._light(topic, queue_id)
+        if light is not None:
+            return light.max_offset(topic)
         cq = self.consume_queues.get(topic, queue_id)
         return cq.commit_frontier if cq is not None else 0
 
     def assigned_offset(self, topic: str, queue_id: int) -> int:
         """The next queue offset `put` will assign (ahead of max_offset until dispatched)."""
         with self._append_lock:
+            if self.light_queues is not None and queue_id == 0 and topic.startswith("%LMQ%"):
+                return self.light_queues.assigned_offset(topic)
             return self._queue_offsets.get((topic, queue_id), 0)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int, upper: bool = False) -> int:
+        light = self._light(topic, queue_id)
+        if light is not None:
+            return light.offset_for_timestamp(topic, timestamp, upper)
         cq = self.consume_queues.get(topic, queue_id)
         if cq is None:
             return 0
@@ -701,6 +756,8 @@ class MessageStore:
         cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, self.consume_queues.logics_msg_timestamp)
         if self.key_index is not None:
             cp.index_msg_timestamp = max(cp.index_msg_timestamp, self.key_index.flush())
+        if self.light_queues is not None:
+            self.light_queues.flush()
         last_dispatched = self.dispatcher.last_record_offset()
         if last_dispatched is not None:  # the queues were flushed above: they hold that record
             cp.logics_physical_offset = max(cp.logics_physical_offset, last_dispatched)
@@ -710,6 +767,8 @@ class MessageStore:
 
     def run_maintenance(self) -> None:
         self.delete_expired_segments()
+        if self.light_queues is not None:
+            self.light_queues.expire_idle(self.clock())
         self.save_checkpoint()
 
     def delete_expired_segments(self) -> int:
@@ -775,6 +834,8 @@ class MessageStore:
         if self.key_index is not None:
             attempt(self.key_index.close)
         attempt(self.consume_queues.close)
+        if self.light_queues is not None:
+            attempt(self.light_queues.close)
         attempt(self.commit_log.close)
         os.close(self._lock_fd)
         if errors:

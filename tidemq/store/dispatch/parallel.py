@@ -275,8 +275,14 @@ class ParallelDispatcher:
         records, the last stored at `last_timestamp`): tell the other sinks, move the
         dispatched offset and the statistics."""
         if self.extra_sinks and end > begin:
-            batch = _read_batch(self.commit_log, begin, end, self._extra_keys)
+            batch = None
             for sink in self.extra_sinks:
+                dispatch_range = getattr(sink, "dispatch_range", None)
+                if dispatch_range is not None:  # a sink that reads the range itself, if it needs to
+                    dispatch_range(self.commit_log, begin, end, changes)
+                    continue
+                if batch is None:
+                    batch = _read_batch(self.commit_log, begin, end, self._extra_keys)
                 dispatch_to(sink, batch, changes)
         if records:
             self._last_records = (begin, end)

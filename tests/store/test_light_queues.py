@@ -1,0 +1,82 @@
+"""Light message queues (RIP-28 multi-dispatch) through the store's facade, for both homes of a
+light queue: the key-value tables ("kv") and RocketMQ's file queues ("file")."""
+
+import pytest
+
+from tidemq.store import Message, MessageStore, StoreConfig
+from tidemq.store.errors import InvalidMessageError
+
+MULTI = "INNER_MULTI_DISPATCH"
+OFFSETS = "INNER_MULTI_QUEUE_OFFSET"
+BACKENDS = ["kv", "file"]
+
+
+def config(backend, **kwargs):
+    return StoreConfig(light_queue_store=backend, dispatch_workers=0, segment_size=1 << 20, **kwargs)
+
+
+def light(names, body=b"m", topic="parent", **kwargs):
+    return Message(topic=topic, body=body, properties={MULTI: ",".join(names)}, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_message_to_three_light_queues_is_stored_once_and_read_from_each(tmp_path, backend):
+    with MessageStore(tmp_path, config(backend)) as store:
+        arrivals = []
+        store.subscribe(lambda changes: arrivals.append(dict(changes)))
+        store.put(light(["%LMQ%a"], body=b"first"))
+        store.put(light(["%LMQ%b"], body=b"second"))
+        result = store.put(light(["%LMQ%a", "%LMQ%b", "%LMQ%c"], body=b"fan-out", tags="t"))
+        assert store.wait_dispatched()
+        # stored once: one record in the log, the parent queue holds three
+        assert store.commit_log.write_position == result.commit_log_offset + result.size
+        assert store.max_offset("parent", 0) == 3
+        expected = {"%LMQ%a": 1, "%LMQ%b": 1, "%LMQ%c": 0}
+        for name, offset in expected.items():
+            got = store.get(name, 0, offset)
+            assert [(m.commit_log_offset, bytes(m.body)) for m in got.messages] == [(result.commit_log_offset, b"fan-out")]
+            assert (got.min_offset, got.max_offset, got.next_offset) == (0, offset + 1, offset + 1)
+            assert store.max_offset(name, 0) == store.assigned_offset(name, 0) == offset + 1
+            units = store.read_units(name, 0, 0, 10)
+            assert [u.queue_offset for u in units] == list(range(offset + 1))
+            assert units[-1].commit_log_offset == result.commit_log_offset and units[-1].size == result.size
+        record = store.get("%LMQ%c", 0, 0).messages[0]
+        assert record.properties[OFFSETS] == "1,1,0"
+        assert (record.topic, record.queue_offset) == ("parent", 2)
+        woken = {key: value for changes in arrivals for key, value in changes.items()}
+        assert woken[("%LMQ%a", 0)] == 2 and woken[("%LMQ%c", 0)] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_light_queues_survive_a_clean_reopen(tmp_path, backend):
+    with MessageStore(tmp_path, config(backend)) as store:
+        for i in range(5):
+            store.put(light(["%LMQ%x", f"%LMQ%y{i % 2}"], body=b"%d" % i))
+    with MessageStore(tmp_path, config(backend)) as store:
+        assert store.max_offset("%LMQ%x", 0) == 5
+        assert [bytes(m.body) for m in store.get("%LMQ%y1", 0, 0).messages] == [b"1", b"3"]
+        result = store.put(light(["%LMQ%x"], body=b"next"))
+        store.wait_dispatched()
+        assert store.get("%LMQ%x", 0, 5).messages[0].commit_log_offset == result.commit_log_offset
+
+
+def test_a_producer_cannot_set_the_offsets_nor_put_to_a_light_queue(tmp_path):
+    with MessageStore(tmp_path, config("kv")) as store:
+        message = light(["%LMQ%a"], body=b"x")
+        message.properties[OFFSETS] = "41"
+        store.put(message)
+        store.wait_dispatched()
+        assert store.get("%LMQ%a", 0, 0).messages[0].properties[OFFSETS] == "0"
+        with pytest.raises(InvalidMessageError, match="multi-dispatch"):
+            store.put(Message(topic="%LMQ%a", body=b"direct"))
+        with pytest.raises(InvalidMessageError, match="light queue name"):
+            store.put(light(["%LMQ%a/b"]))
+        assert store.max_offset("%LMQ%a", 0) == 1
+
+
+def test_multi_dispatch_switched_off_ignores_the_property(tmp_path):
+    with MessageStore(tmp_path, config("kv", enable_multi_dispatch=False)) as store:
+        store.put(light(["%LMQ%a"]))
+        store.wait_dispatched()
+        assert store.max_offset("%LMQ%a", 0) == 0
+        assert OFFSETS not in store.get("parent", 0, 0).messages[0].properties

@@ -1,0 +1,318 @@
+"""Light queues in an embedded key-value engine (LMDB): one environment whatever the number of
+queues, so a broker holds millions of them without a file, a mapping or a Python object each.
+
+Layout: one LMDB environment, `{store}/lightqueue/` (`data.mdb` and `lock.mdb`), five tables:
+
+    names   queue name (UTF-8)                      -> queue number (u64)
+    queues  queue number (u64)                      -> QUEUE_ROW + queue name (UTF-8)
+    units   queue number (u64) + queue offset (u64) -> UNIT_ROW (8 + 4 + 8 + 8 = 28 bytes)
+    groups  queue number (u64) + group (UTF-8)      -> GROUP_ROW
+    meta    b"dispatched"                           -> commit-log offset (i64): every unit of a
+                                                       record below it is in the tables
+            b"next_queue"                           -> the next queue number (u64)
+
+Integers are big-endian, so a queue's units sort by offset and are contiguous, and a new queue's
+(numbers are handed out in order, never reused) go at the end of the tree.  QUEUE_ROW is the
+queue's min offset, max offset (exclusive: its commit frontier), the store time of its newest
+unit and the time of its last activity (a unit or a consumer's commit), each i64.  UNIT_ROW is
+RocketMQ's 20-byte unit plus the record's store time, as its RocksDB consume queue keeps it, so
+that a search by time reads no record.
+
+Ownership: the dispatch thread writes units (`write`, one transaction per dispatched range, with
+the `dispatched` mark in the same transaction: the table's own checkpoint); the maintenance
+thread deletes expired queues; both are writers LMDB runs one at a time.  Readers (any thread)
+read a snapshot each, without a lock.  The environment is opened without syncing each commit:
+a commit is in the operating system's hands at once (it survives the process being killed) and
+`flush` syncs it to the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import lmdb
+
+from ..queues.consume_queue import Unit
+
+NUMBER = struct.Struct(">Q")
+UNIT_KEY = struct.Struct(">QQ")  # queue number, queue offset
+UNIT_ROW = struct.Struct(">qiqq")  # commit-log offset, size, tags code, store time
+QUEUE_ROW = struct.Struct(">qqqq")  # min offset, max offset, newest unit's store time, last activity
+GROUP_ROW = struct.Struct(">qq")  # consumed offset, commit time
+OFFSET = struct.Struct(">q")
+
+DISPATCHED_KEY = b"dispatched"
+NEXT_QUEUE_KEY = b"next_queue"
+DEFAULT_MAP_SIZE = 1 << 40  # address space reserved for the tables; the file grows with their data
+
+
+@dataclass(slots=True)
+class QueueState:
+    number: int
+    min_offset: int
+    max_offset: int
+    last_store_timestamp: int
+    last_active: int
+    name: str
+
+
+def _queue_state(number: int, row: bytes) -> QueueState:
+    low, high, stored, active = QUEUE_ROW.unpack_from(row)
+    return QueueState(number, low, high, stored, active, bytes(row[QUEUE_ROW.size :]).decode("utf-8"))
+
+
+class KvLightQueues:
+    """The light queues' units, bounds and consumer offsets in one LMDB environment."""
+
+    def __init__(self, directory: Path | str, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.env = lmdb.open(
+            str(self.directory), map_size=map_size, max_dbs=8, max_readers=1024, sync=False, metasync=False, readahead=False
+        )
+        self.names = self.env.open_db(b"names")
+        self.queues = self.env.open_db(b"queues")
+        self.units = self.env.open_db(b"units")
+        self.groups = self.env.open_db(b"groups")
+        self.meta = self.env.open_db(b"meta")
+        with self.env.begin() as txn:
+            dispatched = txn.get(DISPATCHED_KEY, db=self.meta)
+            self.dispatched = OFFSET.unpack(dispatched)[0] if dispatched is not None else 0
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def _state(self, txn, name: str) -> QueueState | None:
+        number = txn.get(name.encode("utf-8"), db=self.names)
+        if number is None:
+            return None
+        row = txn.get(number, db=self.queues)
+        return _queue_state(NUMBER.unpack(number)[0], row) if row is not None else None
+
+    def state(self, name: str) -> QueueState | None:
+        with self.env.begin() as txn:
+            return self._state(txn, name)
+
+    def max_offsets(self, names: Iterable[str]) -> list[int]:
+        """Each queue's max offset (0 for a queue not in the tables), from one snapshot."""
+        with self.env.begin() as txn:
+            result = []
+            for name in names:
+                state = self._state(txn, name)
+                result.append(state.max_offset if state is not None else 0)
+            return result
+
+    def read(self, name: str, offset: int, max_count: int) -> list[Unit]:
+        """Units from `offset` (clamped to the minimum) below the max offset, at most `max_count`."""
+        with self.env.begin() as txn:
+            state = self._state(txn, name)
+            if state is None or max_count <= 0:
+                return []
+            start = max(offset, state.min_offset)
+            end = min(state.max_offset, start + max_count)
+            if start >= end:
+                return []
+            number = state.number
+            out: list[Unit] = []
+            cursor = txn.cursor(db=self.units)
+            if not cursor.set_range(UNIT_KEY.pack(number, start)):
+                return out
+            for key, value in cursor:
+                key_number, queue_offset = UNIT_KEY.unpack(key)
+                if key_number != number or queue_offset >= end:
+                    break
+                commit_log_offset, size, tags_code, _ = UNIT_ROW.unpack(value)
+                out.append(Unit(queue_offset, commit_log_offset, size, tags_code))
+            return out
+
+    def bounds(self, name: str) -> tuple[int, int]:
+        state = self.state(name)
+        return (state.min_offset, state.max_offset) if state is not None else (0, 0)
+
+    def first_offset_from(self, name: str, min_commit_log_offset: int) -> int:
+        """The first offset whose unit's record is at or past `min_commit_log_offset` (the
+        commit log's minimum: older records are deleted), or the max offset if none is: the
+        queue's readable minimum.  Units' records are in offset order, so a binary search."""
+        with self.env.begin() as txn:
+            state = self._state(txn, name)
+            if state is None:
+                return 0
+            low, high = state.min_offset, state.max_offset
+            while low < high:
+                middle = (low + high) // 2
+                row = txn.get(UNIT_KEY.pack(state.number, middle), db=self.units)
+                if row is not None and UNIT_ROW.unpack(row)[0] >= min_commit_log_offset:
+                    high = middle
+                else:
+                    low = middle + 1
+            return low
+
+    def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
+        """As `ConsumeQueue.offset_for_timestamp` (LOWER: the first unit stored at or after
+        `timestamp`; UPPER: the last stored at or before), from the units' own store times."""
+        with self.env.begin() as txn:
+            state = self._state(txn, name)
+            if state is None:
+                return 0
+            lo, hi = state.min_offset, state.max_offset - 1
+            if hi < lo:
+                return state.min_offset
+
+            def time_at(q: int) -> int:
+                row = txn.get(UNIT_KEY.pack(state.number, q), db=self.units)
+                return UNIT_ROW.unpack(row)[3] if row is not None else -1
+
+            if not upper:
+                left, right = lo, hi + 1
+                while left < right:
+                    middle = (left + right) // 2
+                    if time_at(middle) < timestamp:
+                        left = middle + 1
+                    else:
+                        right = middle
+                return min(left, state.max_offset)
+            left, right = lo - 1, hi
+            while left < right:
+                middle = (left + right + 1) // 2
+                if time_at(middle) <= timestamp:
+                    left = middle
+                else:
+                    right = middle - 1
+            return max(left, state.min_offset)
+
+    def consumer_offset(self, group: str, name: str) -> int | None:
+        with self.env.begin() as txn:
+            number = txn.get(name.encode("utf-8"), db=self.names)
+            if number is None:
+                return None
+            row = txn.get(number + group.encode("utf-8"), db=self.groups)
+            return GROUP_ROW.unpack(row)[0] if row is not None else None
+
+    def count(self) -> int:
+        with self.env.begin() as txn:
+            return txn.stat(self.queues)["entries"]
+
+    def iter_states(self, after: int = -1) -> Iterator[QueueState]:
+        """Every queue, by number, from the first numbered above `after` (one snapshot)."""
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.queues)
+            if not cursor.set_range(NUMBER.pack(after + 1)):
+                return
+            for key, value in cursor:
+                yield _queue_state(NUMBER.unpack(key)[0], value)
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def write(self, units: list[tuple[str, int, int, int, int, int]], dispatched: int) -> dict[str, int]:
+        """Put each (name, queue offset, commit-log offset, size, tags code, store time) at its
+        slot and mark everything below commit-log offset `dispatched` as in, in one transaction;
+        returns the queues whose max offset moved, with the new max.  A queue is created at its
+        first unit (its min offset is that unit's).  Putting a unit again is harmless: the same
+        bytes at the same slot (recovery dispatches the tail past `dispatched` again)."""
+        moved: dict[str, int] = {}
+        with self.env.begin(write=True) as txn:
+            states: dict[str, QueueState] = {}
+            next_number = None
+            for name, queue_offset, commit_log_offset, size, tags_code, store_timestamp in units:
+                state = states.get(name)
+                if state is None:
+                    state = self._state(txn, name)
+                    if state is None:
+                        if next_number is None:
+                            raw = txn.get(NEXT_QUEUE_KEY, db=self.meta)
+                            next_number = NUMBER.unpack(raw)[0] if raw is not None else 0
+                        state = QueueState(next_number, queue_offset, queue_offset, 0, 0, name)
+                        txn.put(name.encode("utf-8"), NUMBER.pack(next_number), db=self.names)
+                        next_number += 1
+                    states[name] = state
+                txn.put(UNIT_KEY.pack(state.number, queue_offset), UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp), db=self.units)
+                if queue_offset >= state.max_offset:
+                    state.max_offset = queue_offset + 1
+                    moved[name] = state.max_offset
+                if queue_offset < state.min_offset:
+                    state.min_offset = queue_offset
+                state.last_store_timestamp = max(state.last_store_timestamp, store_timestamp)
+                state.last_active = max(state.last_active, store_timestamp)
+            for state in states.values():
+                row = QUEUE_ROW.pack(state.min_offset, state.max_offset, state.last_store_timestamp, state.last_active)
+                txn.put(NUMBER.pack(state.number), row + state.name.encode("utf-8"), db=self.queues)
+            if next_number is not None:
+                txn.put(NEXT_QUEUE_KEY, NUMBER.pack(next_number), db=self.meta)
+            if dispatched > self.dispatched:
+                txn.put(DISPATCHED_KEY, OFFSET.pack(dispatched), db=self.meta)
+        self.dispatched = max(self.dispatched, dispatched)
+        return moved
+
+    def mark_dispatched(self, dispatched: int) -> None:
+        """Everything below `dispatched` is in (a range with no light queue's unit)."""
+        if dispatched > self.dispatched:
+            with self.env.begin(write=True) as txn:
+                txn.put(DISPATCHED_KEY, OFFSET.pack(dispatched), db=self.meta)
+            self.dispatched = dispatched
+
+    def commit_consumer_offset(self, group: str, name: str, offset: int, now: int) -> bool:
+        """Keep `group`'s consumed offset of queue `name` (an activity of the queue); False if
+        there is no such queue."""
+        with self.env.begin(write=True) as txn:
+            number = txn.get(name.encode("utf-8"), db=self.names)
+            if number is None:
+                return False
+            txn.put(number + group.encode("utf-8"), GROUP_ROW.pack(offset, now), db=self.groups)
+            row = txn.get(number, db=self.queues)
+            state = _queue_state(NUMBER.unpack(number)[0], row)
+            state.last_active = max(state.last_active, now)
+            txn.put(number, QUEUE_ROW.pack(state.min_offset, state.max_offset, state.last_store_timestamp, state.last_active) + row[QUEUE_ROW.size :], db=self.queues)
+            return True
+
+    def group_offsets(self, txn, number: int) -> list[tuple[str, int]]:
+        prefix = NUMBER.pack(number)
+        cursor = txn.cursor(db=self.groups)
+        found = []
+        if cursor.set_range(prefix):
+            for key, value in cursor:
+                if key[:8] != prefix:
+                    break
+                found.append((bytes(key[8:]).decode("utf-8"), GROUP_ROW.unpack(value)[0]))
+        return found
+
+    def delete_if(self, names: list[str], still_expired: Callable[[object, QueueState], bool]) -> list[str]:
+        """Delete each named queue (its units, consumer offsets, row and name) for which
+        `still_expired(txn, state)`, asked inside the deleting transaction, holds; returns the
+        deleted names."""
+        deleted = []
+        with self.env.begin(write=True) as txn:
+            for name in names:
+                state = self._state(txn, name)
+                if state is None or not still_expired(txn, state):
+                    continue
+                prefix = NUMBER.pack(state.number)
+                for table in (self.units, self.groups):
+                    cursor = txn.cursor(db=table)
+                    if cursor.set_range(prefix):
+                        while cursor.key()[:8] == prefix:
+                            if not cursor.delete():
+                                break
+                txn.delete(prefix, db=self.queues)
+                txn.delete(name.encode("utf-8"), db=self.names)
+                deleted.append(name)
+        return deleted
+
+    def clear(self) -> None:
+        """Forget every queue (before a rebuild from the commit log)."""
+        with self.env.begin(write=True) as txn:
+            for table in (self.names, self.queues, self.units, self.groups, self.meta):
+                txn.drop(table, delete=False)
+        self.dispatched = 0
+
+    def file_count(self) -> int:
+        return len(os.listdir(self.directory))
+
+    def flush(self) -> None:
+        self.env.sync(True)
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()

@@ -1,0 +1,369 @@
+"""Light message queues (RIP-28 multi-dispatch): one record in the commit log, a unit in each
+light queue its `INNER_MULTI_DISPATCH` property names.
+
+The life of a multi-dispatched message:
+1. `check` (before the append lock): the names are valid (`%LMQ%` names get an offset; others
+   are carried as RocketMQ carries them, with an empty offset), and the record still fits once
+   the offsets are added; a put straight to an `%LMQ%` topic is refused (a light queue takes
+   messages by multi-dispatch only).
+2. `assign` (under the append lock, before the record is written): each light queue's next
+   offset, in the order names are given, written into the record as `INNER_MULTI_QUEUE_OFFSET`
+   (comma-separated, the same order), as RocketMQ's `LmqDispatch` does.  A name given twice in
+   one message gets one offset.  After an append error `unassign` gives back the offsets of the
+   messages not written.
+3. Dispatch (`dispatch_range`, the dispatch thread, in log order after the topic's queues): one
+   unit per light queue, queue id 0, pointing at the record; listeners hear of `(name, 0)`.
+
+Where a light queue lives: a queue whose RocketMQ file queue (`consumequeue/%LMQ%name/0/`) exists
+when the store opens, or every queue under `light_queue_store = "file"`, is a file ConsumeQueue
+(its next offset in the store's queue-offset table, as a topic queue's); every other is in the
+key-value tables (`kv.KvLightQueues`), its next offset read from them, or from `_pending` while
+units are assigned and not yet dispatched: nothing is held in memory per idle queue.
+
+Locks: `_pending` and the assignment are guarded by the store's append lock; the dispatch
+thread takes that lock to drop the entries its units made current.  Expiry (`expire_idle`,
+the maintenance thread) deletes under the append lock, so that no offset is handed out for a
+queue being deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..dispatch.requests import QueueKey, builds_queue_entry
+from ..errors import InvalidMessageError
+from ..format import record
+from ..format.scan import scan
+from ..format.special_queues import LMQ_PREFIX, LMQ_QUEUE_ID, MULTI_DISPATCH_SEPARATOR, RETRY_PREFIX, SCHEDULE_TOPIC, lmq_units
+from ..queues.consume_queue import Unit
+from ..queues.queue_set import ConsumeQueueStore
+from .kv import UNIT_ROW, UNIT_KEY, KvLightQueues, QueueState
+
+if TYPE_CHECKING:
+    from ..log.commit_log import CommitLog
+
+log = logging.getLogger(__name__)
+
+MULTI_DISPATCH = record.PROPERTY_INNER_MULTI_DISPATCH
+MULTI_QUEUE_OFFSET = record.PROPERTY_INNER_MULTI_QUEUE_OFFSET
+_MARKER = f"{MULTI_DISPATCH}\x01".encode("ascii")
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+LIGHT_QUEUE_STORES = ("kv", "file")
+KV_DIRECTORY = "lightqueue"
+# the widest offset list a name can add: a comma and 19 digits
+_OFFSET_WIDTH = 20
+EXPIRY_SCAN = 50_000  # queues looked at per expiry run (a run resumes where the last stopped)
+EXPIRY_DELETE_CHUNK = 256  # queues deleted per hold of the append lock
+
+
+def is_light_queue(topic: str) -> bool:
+    return topic.startswith(LMQ_PREFIX)
+
+
+def multi_dispatches(topic: str) -> bool:
+    """Whether a record of `topic` is multi-dispatched (RocketMQ's isNeedHandleMultiDispatch)."""
+    return not (topic.startswith(RETRY_PREFIX) or topic.startswith(SYSTEM_TOPIC_PREFIX) or topic == SCHEDULE_TOPIC)
+
+
+class LightQueues:
+    """Every light queue of a store: offsets at append, units at dispatch, reads, expiry."""
+
+    name = "light_queue"
+
+    def __init__(self, directory: Path, consume_queues: ConsumeQueueStore, queue_offsets: dict[QueueKey, int],
+                 commit_log: "CommitLog", append_lock: threading.Lock, *, multi_dispatch: bool = True,
+                 backend: str = "kv", idle_expiry_ms: int = 0, max_name_bytes: int = 255) -> None:
+        if backend not in LIGHT_QUEUE_STORES:
+            raise ValueError(f"light_queue_store must be one of {LIGHT_QUEUE_STORES}, not {backend!r}")
+        self.kv_directory = Path(directory) / KV_DIRECTORY
+        self.consume_queues = consume_queues
+        self.queue_offsets = queue_offsets
+        self.commit_log = commit_log
+        self.append_lock = append_lock
+        self.multi_dispatch = multi_dispatch
+        self.use_files = backend == "file"
+        self.idle_expiry_ms = idle_expiry_ms
+        self.max_name_bytes = max_name_bytes
+        # light queues served from RocketMQ's file queues (found at open, or all under "file")
+        self.file_queues = {topic for topic, queue_id in consume_queues.queues if is_light_queue(topic) and queue_id == LMQ_QUEUE_ID}
+        self.kv: KvLightQueues | None = KvLightQueues(self.kv_directory) if self.kv_directory.exists() else None
+        self._pending: dict[str, int] = {}  # name -> next offset, for queues with undispatched units
+        self._dispatched = self.kv.dispatched if self.kv is not None else 0  # in memory; kept by `flush`
+        self._expiry_after = -1  # the number of the queue the last expiry run stopped at
+
+    # -- where a queue lives ----------------------------------------------------------------------
+
+    def in_files(self, name: str) -> bool:
+        return self.use_files or name in self.file_queues
+
+    def holds(self, topic: str, queue_id: int) -> bool:
+        """Whether a read of (topic, queue_id) is this key-value store's to answer."""
+        return queue_id == LMQ_QUEUE_ID and is_light_queue(topic) and not self.in_files(topic)
+
+    def _kv(self) -> KvLightQueues:
+        if self.kv is None:
+            self.kv = KvLightQueues(self.kv_directory)
+        return self.kv
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def check(self, messages: Sequence) -> list[tuple[int, list[str]]]:
+        """Before the append lock and before the messages are encoded: refuse what the store
+        must not take (InvalidMessageError) and return (index, names) of each message to
+        multi-dispatch."""
+        todo = []
+        for index, message in enumerate(messages):
+            if is_light_queue(message.topic):
+                raise InvalidMessageError(f"topic {message.topic!r} is a light queue: it takes messages by multi-dispatch "
+                                          f"({MULTI_DISPATCH}) only")
+            properties = message.properties
+            if not properties or not self.multi_dispatch:
+                continue
+            names_text = properties.get(MULTI_DISPATCH)
+            if not names_text or not multi_dispatches(message.topic):
+                continue
+            if message.sysflag & record.TRANSACTION_TYPE_MASK not in record.QUEUE_ENTRY_KINDS:
+                continue  # a prepared transaction message is dispatched by its commit record
+            names = names_text.split(MULTI_DISPATCH_SEPARATOR)
+            for name in names:
+                if not is_light_queue(name):
+                    continue
+                if name == LMQ_PREFIX or "/" in name or "\x00" in name or len(name.encode("utf-8")) > self.max_name_bytes:
+                    raise InvalidMessageError(f"light queue name {name!r} in {MULTI_DISPATCH} is empty past {LMQ_PREFIX}, "
+                                              f"holds '/' or NUL, or is over {self.max_name_bytes} bytes")
+            todo.append((index, names))
+        return todo
+
+    def fit(self, todo: list[tuple[int, list[str]]], prepared: list) -> None:
+        """After encoding, before the lock: drop an `INNER_MULTI_QUEUE_OFFSET` the producer set
+        (the store assigns it) and refuse a record the offsets would make too large."""
+        for index, names in todo:
+            template, body, body_crc, properties_bytes, unique_key = prepared[index]
+            if f"{MULTI_QUEUE_OFFSET}\x01".encode() in properties_bytes:
+                items = record.decode_properties(properties_bytes)
+                items.pop(MULTI_QUEUE_OFFSET, None)
+                properties_bytes = record.encode_properties(items)
+                prepared[index] = (template, body, body_crc, properties_bytes, unique_key)
+            extra = len(MULTI_QUEUE_OFFSET) + 2 + _OFFSET_WIDTH * len(names)
+            if len(properties_bytes) + extra > record.MAX_PROPERTIES_BYTES:
+                raise InvalidMessageError(f"{len(names)} light queues make the properties over {record.MAX_PROPERTIES_BYTES} bytes")
+            if template.fixed_size + len(body) + len(properties_bytes) + extra + record.BLANK_SIZE > self.commit_log.segment_size:
+                raise InvalidMessageError("the record with its light queues' offsets does not fit a commit-log segment")
+
+    def assign(self, todo: list[tuple[int, list[str]]], prepared: list) -> list[tuple[int, list[str]]]:
+        """Under the append lock: each named light queue's next offset, written into the
+        message's properties (prepared[index]); returns what `unassign` needs."""
+        pending, queue_offsets = self._pending, self.queue_offsets
+        unknown = {name for _, names in todo for name in names
+                   if is_light_queue(name) and not self.in_files(name) and name not in pending}
+        if unknown:
+            ordered = sorted(unknown)
+            pending.update(zip(ordered, self._kv().max_offsets(ordered)))
+        taken = []
+        for index, names in todo:
+            offsets: dict[str, int] = {}
+            for name in names:
+                if name in offsets or not is_light_queue(name):
+                    continue
+                if self.in_files(name):
+                    key = (name, LMQ_QUEUE_ID)
+                    offset = queue_offsets.get(key, 0)
+                    queue_offsets[key] = offset + 1
+                else:
+                    offset = pending[name]
+                    pending[name] = offset + 1
+                offsets[name] = offset
+            text = MULTI_DISPATCH_SEPARATOR.join(str(offsets[name]) if name in offsets else "" for name in names)
+            template, body, body_crc, properties_bytes, unique_key = prepared[index]
+            properties_bytes += f"{MULTI_QUEUE_OFFSET}\x01{text}\x02".encode("ascii")
+            prepared[index] = (template, body, body_crc, properties_bytes, unique_key)
+            taken.append((index, list(offsets)))
+        return taken
+
+    def unassign(self, taken: list[tuple[int, list[str]]], stored: int) -> None:
+        """Under the append lock, after an append stored only the first `stored` messages: give
+        back the offsets of the others (the newest assigned, so the counters step back)."""
+        for index, names in reversed(taken):
+            if index < stored:
+                break
+            for name in names:
+                if self.in_files(name):
+                    self.queue_offsets[(name, LMQ_QUEUE_ID)] -= 1
+                elif name in self._pending:
+                    self._pending[name] -= 1
+
+    def assigned_offset(self, name: str) -> int:
+        """The next offset `assign` gives `name` (the append lock held)."""
+        if self.in_files(name):
+            return self.queue_offsets.get((name, LMQ_QUEUE_ID), 0)
+        if name in self._pending:
+            return self._pending[name]
+        return self.kv.max_offsets([name])[0] if self.kv is not None else 0
+
+    # -- dispatching ----------------------------------------------------------------------------
+
+    def dispatch_range(self, commit_log: "CommitLog", begin: int, end: int, changes: dict[QueueKey, int]) -> None:
+        """The dispatcher built [begin, end) of the log (records wholly inside one segment): write
+        the light queues' units of its multi-dispatched records.  A range without the property's
+        name in its bytes is not decoded at all."""
+        segment = commit_log.segment_for(begin)
+        if segment is None or end <= begin:
+            return
+        mm, base = segment.mm, segment.start
+        found = mm.find(_MARKER, begin - base, end - base) if self.multi_dispatch else -1
+        if found < 0:
+            self._dispatched = max(self._dispatched, end)
+            return
+        columns = scan(mm, begin - base, end - base, base)
+        hits = [found]
+        while True:
+            found = mm.find(_MARKER, found + 1, end - base)
+            if found < 0:
+                break
+            hits.append(found)
+        rows = np.unique(np.searchsorted(columns.positions, np.array(hits, dtype=np.int64), side="right") - 1)
+        entry = builds_queue_entry(columns.sysflags)
+        kv_units = []
+        for row in rows.tolist():
+            if row < 0 or not entry[row]:
+                continue
+            topic = columns.topic(row)
+            if not multi_dispatches(topic):
+                continue
+            units = lmq_units(topic, int(columns.queue_ids[row]), lambda name: columns.property(row, name))
+            if not units:
+                continue
+            offset, size = int(columns.offsets[row]), int(columns.sizes[row])
+            tags_code, stored = int(columns.tags_codes[row]), int(columns.store_timestamps[row])
+            for name, queue_id, queue_offset in units:
+                if queue_id != LMQ_QUEUE_ID or not is_light_queue(name):
+                    continue
+                if self.in_files(name):
+                    self._put_file_unit(name, queue_offset, offset, size, tags_code, changes)
+                else:
+                    kv_units.append((name, queue_offset, offset, size, tags_code, stored))
+        if kv_units:
+            moved = self._kv().write(kv_units, end)
+            for name, frontier in moved.items():
+                changes[(name, LMQ_QUEUE_ID)] = frontier
+            with self.append_lock:  # the tables now answer for these queues' next offsets
+                pending = self._pending
+                for name, frontier in moved.items():
+                    if pending.get(name, frontier + 1) <= frontier:
+                        del pending[name]
+        self._dispatched = max(self._dispatched, end)
+
+    def _put_file_unit(self, name: str, queue_offset: int, offset: int, size: int, tags_code: int,
+                       changes: dict[QueueKey, int]) -> None:
+        cq = self.consume_queues.get_or_create(name, LMQ_QUEUE_ID)
+        if cq.is_empty:
+            cq.initialize_at(queue_offset)
+        if cq.put(queue_offset, offset, size, tags_code):
+            changes[(name, LMQ_QUEUE_ID)] = cq.commit_frontier
+
+    def covered_offset(self) -> int:
+        """Below this commit-log offset every key-value unit is in (recovery dispatches again
+        from here; the file queues answer for themselves)."""
+        return self.kv.dispatched if self.kv is not None else 1 << 62
+
+    def truncate(self, commit_log_end: int) -> None:
+        """Recovery cut the log at `commit_log_end`.  Tables that hold units past it (the log lost
+        bytes the tables had: only after the machine, not the process, went down under async
+        flush) are emptied, and recovery builds them again from the whole log."""
+        if self.kv is not None and self.kv.dispatched > commit_log_end:
+            log.warning("light queues: the key-value tables hold units past the commit log's end %d; rebuilding them "
+                        "from the log", commit_log_end)
+            self.kv.clear()
+            self._dispatched = 0
+
+    def flush(self) -> None:
+        if self.kv is not None:
+            self.kv.mark_dispatched(self._dispatched)
+            self.kv.flush()
+
+    def close(self) -> None:
+        if self.kv is not None:
+            self.kv.mark_dispatched(self._dispatched)
+            self.kv.close()
+            self.kv = None
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read_units(self, name: str, offset: int, max_count: int) -> list[Unit]:
+        return self.kv.read(name, offset, max_count) if self.kv is not None else []
+
+    def min_offset(self, name: str) -> int:
+        """The first offset whose record the commit log still holds."""
+        if self.kv is None:
+            return 0
+        low, _ = self.kv.bounds(name)
+        first = self.kv.read(name, low, 1)
+        if first and first[0].commit_log_offset >= self.commit_log.min_offset:
+            return low
+        return self.kv.first_offset_from(name, self.commit_log.min_offset)
+
+    def max_offset(self, name: str) -> int:
+        return self.kv.bounds(name)[1] if self.kv is not None else 0
+
+    def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
+        return self.kv.offset_for_timestamp(name, timestamp, upper) if self.kv is not None else 0
+
+    def count(self) -> int:
+        """Live light queues (key-value and file)."""
+        return (self.kv.count() if self.kv is not None else 0) + len(
+            [key for key in self.consume_queues.queues if is_light_queue(key[0])])
+
+    # -- consumer offsets and expiry ------------------------------------------------------------
+
+    def commit_consumer_offset(self, group: str, name: str, offset: int, now: int) -> bool:
+        """Keep `group`'s consumed offset of light queue `name` beside the queue, so that it
+        expires with it; False if the queue is not in the key-value tables."""
+        if self.kv is None or self.in_files(name):
+            return False
+        return self.kv.commit_consumer_offset(group, name, offset, now)
+
+    def consumer_offset(self, group: str, name: str) -> int | None:
+        return self.kv.consumer_offset(group, name) if self.kv is not None else None
+
+    def expire_idle(self, now: int, scan_limit: int = EXPIRY_SCAN) -> list[str]:
+        """Delete key-value light queues idle (no unit, no consumer commit) for `idle_expiry_ms`
+        and fully consumed: every group that committed an offset is at the max offset (and one
+        did), or the commit log no longer holds any of its records.  A queue with an offset
+        assigned and not yet dispatched is live.  Looks at up to `scan_limit` queues, resuming
+        where the last run stopped; returns the names deleted."""
+        if self.kv is None or self.idle_expiry_ms <= 0:
+            return []
+        horizon = now - self.idle_expiry_ms
+        candidates, last, looked = [], None, 0
+        for state in self.kv.iter_states(self._expiry_after):
+            last, looked = state.number, looked + 1
+            if state.last_active <= horizon:
+                candidates.append(state.name)
+            if looked >= scan_limit:
+                break
+        self._expiry_after = -1 if last is None or looked < scan_limit else last
+        kv, log_min = self.kv, self.commit_log.min_offset
+
+        def still_expired(txn, state: QueueState) -> bool:
+            if state.last_active > horizon or state.name in self._pending:
+                return False
+            groups = kv.group_offsets(txn, state.number)
+            if groups:
+                return all(offset >= state.max_offset for _, offset in groups)
+            if state.max_offset <= state.min_offset:
+                return True
+            newest = txn.get(UNIT_KEY.pack(state.number, state.max_offset - 1), db=kv.units)
+            return newest is None or UNIT_ROW.unpack(newest)[0] < log_min
+
+        deleted: list[str] = []
+        for start in range(0, len(candidates), EXPIRY_DELETE_CHUNK):
+            with self.append_lock:
+                deleted += kv.delete_if(candidates[start : start + EXPIRY_DELETE_CHUNK], still_expired)
+        if deleted:
+            log.info("light queues: %d idle, fully consumed queue(s) expired", len(deleted))
+        return deleted
