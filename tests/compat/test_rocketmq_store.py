@@ -23,9 +23,10 @@ from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest
 from tidemq.broker.metadata import GroupConfig, TopicConfig
 from tidemq.pipeline.rebuild import rebuild
 from tidemq.protocol.grpc.convert import fill_delivered_message
-from tidemq.store import MessageStore, StoreConfig
+from tidemq.store import Message, MessageStore, StoreConfig
 from tidemq.store.recovery import check
 
+MULTI = "INNER_MULTI_DISPATCH"
 LMQ_UNITS = 3 * 2 + 3 * 1  # CompatTool's six LMQ messages: three go to two light queues, three to one
 
 
@@ -134,6 +135,27 @@ def test_tidemq_delivers_rocketmqs_messages_with_their_ids(rocketmq_store, tmp_p
                 assert (received.record.queue_id, received.record.queue_offset) == (line["queueId"], line["queueOffset"])
     finally:
         served.close()
+
+
+def test_tidemq_serves_rocketmqs_light_queues_and_adds_to_them(rocketmq_store, tmp_path):
+    source, sent = rocketmq_store
+    path = copy_store(source, tmp_path / "store")
+    lmq_sent = [line for line in sent if line["kind"] == "lmq"]
+    expected = {"%LMQ%compat_a": [line["body"] for line in lmq_sent[0::2]], "%LMQ%compat_b": [line["body"] for line in lmq_sent]}
+    with MessageStore(path, StoreConfig()) as store:
+        for name, bodies in expected.items():
+            got = store.get(name, 0, 0, 32)
+            assert [bytes(m.body).decode() for m in got.messages] == bodies
+            assert (got.min_offset, got.max_offset) == (0, len(bodies))
+            assert store.offset_for_timestamp(name, 0, 0) == 0
+        # RocketMQ's file queue goes on in its files; a new light queue goes to the key-value tables
+        result = store.put(Message(topic="CompatParent", body=b"more", properties={MULTI: "%LMQ%compat_b,%LMQ%compat_new"}))
+        assert store.wait_dispatched()
+        assert store.get("%LMQ%compat_b", 0, 6).messages[0].commit_log_offset == result.commit_log_offset
+        assert store.get("%LMQ%compat_new", 0, 0).messages[0].commit_log_offset == result.commit_log_offset
+    assert (path / "consumequeue" / "%LMQ%compat_b" / "0").is_dir()
+    assert not (path / "consumequeue" / "%LMQ%compat_new").exists()
+    assert check.check(path).problems == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -80,3 +80,38 @@ def test_multi_dispatch_switched_off_ignores_the_property(tmp_path):
         store.wait_dispatched()
         assert store.max_offset("%LMQ%a", 0) == 0
         assert OFFSETS not in store.get("parent", 0, 0).messages[0].properties
+
+
+def test_expiry_removes_idle_consumed_light_queues_with_their_offsets_and_never_a_live_one(tmp_path):
+    now = [1_000_000]
+    cfg = config("kv", clock=lambda: now[0], light_queue_idle_expiry_ms=60_000, maintenance_interval_ms=3_600_000)
+    with MessageStore(tmp_path, cfg) as store:
+        names = ["%LMQ%consumed", "%LMQ%backlog", "%LMQ%recent", "%LMQ%unread"]
+        store.put(light(names))
+        store.wait_dispatched()
+        queues = store.light_queues
+        for group in ("g1", "g2"):
+            assert queues.commit_consumer_offset(group, "%LMQ%consumed", 1, now[0])
+        assert queues.commit_consumer_offset("g1", "%LMQ%backlog", 1, now[0])
+        assert queues.commit_consumer_offset("g2", "%LMQ%backlog", 0, now[0])  # one group still behind
+        now[0] += 59_000
+        assert queues.commit_consumer_offset("g1", "%LMQ%recent", 1, now[0])  # consumed, but active lately
+        assert queues.expire_idle(now[0]) == []  # nothing idle for the whole time yet
+        now[0] += 2_000
+        assert queues.expire_idle(now[0]) == ["%LMQ%consumed"]
+        assert store.max_offset("%LMQ%consumed", 0) == 0 and store.get("%LMQ%consumed", 0, 0).messages == []
+        assert queues.consumer_offset("g1", "%LMQ%consumed") is None
+        for kept in names[1:]:
+            assert store.max_offset(kept, 0) == 1 and len(store.get(kept, 0, 0).messages) == 1
+        assert queues.consumer_offset("g2", "%LMQ%backlog") == 0
+        # the name comes back as a new queue from offset 0, and is live again
+        store.put(light(["%LMQ%consumed"], body=b"again"))
+        store.wait_dispatched()
+        assert [bytes(m.body) for m in store.get("%LMQ%consumed", 0, 0).messages] == [b"again"]
+        now[0] += 120_000
+        assert queues.commit_consumer_offset("g2", "%LMQ%backlog", 1, now[0])  # the last group catches up
+        now[0] += 61_000
+        assert sorted(queues.expire_idle(now[0])) == ["%LMQ%backlog", "%LMQ%recent"]
+        # a queue nobody consumed keeps its messages while the log holds them
+        assert store.max_offset("%LMQ%unread", 0) == 1 and store.max_offset("%LMQ%consumed", 0) == 1
+        assert queues.count() == 2

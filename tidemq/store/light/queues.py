@@ -57,8 +57,30 @@ LIGHT_QUEUE_STORES = ("kv", "file")
 KV_DIRECTORY = "lightqueue"
 # the widest offset list a name can add: a comma and 19 digits
 _OFFSET_WIDTH = 20
+_OFFSETS_PREFIX = f"{MULTI_QUEUE_OFFSET}\x01".encode("ascii")
+_OFFSETS_PROPERTY = _OFFSETS_PREFIX  # a producer's own, found in the encoded properties
+_OFFSETS_EXTRA = len(_OFFSETS_PREFIX) + 1
 EXPIRY_SCAN = 50_000  # queues looked at per expiry run (a run resumes where the last stopped)
 EXPIRY_DELETE_CHUNK = 256  # queues deleted per hold of the append lock
+
+
+_NAME_MULTI_DISPATCH = MULTI_DISPATCH.encode("ascii")
+_NAME_MULTI_QUEUE_OFFSET = MULTI_QUEUE_OFFSET.encode("ascii")
+
+
+def property_in(buffer, start: int, stop: int, name: bytes) -> str | None:
+    """The value of the last property `name` in the properties buffer[start:stop] (`name \\x01
+    value \\x02` each), as the record codec reads it, or None; no other property is decoded."""
+    marker = b"\x02" + name + b"\x01"
+    found = buffer.rfind(marker, start, stop)
+    if found >= 0:
+        first = found + len(marker)
+    elif buffer[start : start + len(name) + 1] == name + b"\x01":
+        first = start + len(name) + 1
+    else:
+        return None
+    last = buffer.find(b"\x02", first, stop)
+    return bytes(buffer[first : last if last >= 0 else stop]).decode("utf-8", "replace")
 
 
 def is_light_queue(topic: str) -> bool:
@@ -94,6 +116,7 @@ class LightQueues:
         self.kv: KvLightQueues | None = KvLightQueues(self.kv_directory) if self.kv_directory.exists() else None
         self._pending: dict[str, int] = {}  # name -> next offset, for queues with undispatched units
         self._dispatched = self.kv.dispatched if self.kv is not None else 0  # in memory; kept by `flush`
+        self._held_at_open = self._dispatched  # the tables held every unit of the log below this at open
         self._expiry_after = -1  # the number of the queue the last expiry run stopped at
 
     # -- where a queue lives ----------------------------------------------------------------------
@@ -117,60 +140,66 @@ class LightQueues:
         must not take (InvalidMessageError) and return (index, names) of each message to
         multi-dispatch."""
         todo = []
+        multi_dispatch, longest = self.multi_dispatch, self.max_name_bytes
         for index, message in enumerate(messages):
-            if is_light_queue(message.topic):
-                raise InvalidMessageError(f"topic {message.topic!r} is a light queue: it takes messages by multi-dispatch "
+            topic = message.topic
+            if topic.startswith(LMQ_PREFIX):
+                raise InvalidMessageError(f"topic {topic!r} is a light queue: it takes messages by multi-dispatch "
                                           f"({MULTI_DISPATCH}) only")
             properties = message.properties
-            if not properties or not self.multi_dispatch:
+            if not properties or not multi_dispatch:
                 continue
             names_text = properties.get(MULTI_DISPATCH)
-            if not names_text or not multi_dispatches(message.topic):
+            if not names_text or not multi_dispatches(topic):
                 continue
             if message.sysflag & record.TRANSACTION_TYPE_MASK not in record.QUEUE_ENTRY_KINDS:
                 continue  # a prepared transaction message is dispatched by its commit record
             names = names_text.split(MULTI_DISPATCH_SEPARATOR)
             for name in names:
-                if not is_light_queue(name):
-                    continue
-                if name == LMQ_PREFIX or "/" in name or "\x00" in name or len(name.encode("utf-8")) > self.max_name_bytes:
+                if name.startswith(LMQ_PREFIX) and (
+                    name == LMQ_PREFIX or "/" in name or "\x00" in name
+                    or (len(name) > longest // 4 and len(name.encode("utf-8")) > longest)
+                ):
                     raise InvalidMessageError(f"light queue name {name!r} in {MULTI_DISPATCH} is empty past {LMQ_PREFIX}, "
-                                              f"holds '/' or NUL, or is over {self.max_name_bytes} bytes")
+                                              f"holds '/' or NUL, or is over {longest} bytes")
             todo.append((index, names))
         return todo
 
     def fit(self, todo: list[tuple[int, list[str]]], prepared: list) -> None:
         """After encoding, before the lock: drop an `INNER_MULTI_QUEUE_OFFSET` the producer set
         (the store assigns it) and refuse a record the offsets would make too large."""
+        segment_size = self.commit_log.segment_size
         for index, names in todo:
             template, body, body_crc, properties_bytes, unique_key = prepared[index]
-            if f"{MULTI_QUEUE_OFFSET}\x01".encode() in properties_bytes:
+            if _OFFSETS_PROPERTY in properties_bytes:
                 items = record.decode_properties(properties_bytes)
                 items.pop(MULTI_QUEUE_OFFSET, None)
                 properties_bytes = record.encode_properties(items)
                 prepared[index] = (template, body, body_crc, properties_bytes, unique_key)
-            extra = len(MULTI_QUEUE_OFFSET) + 2 + _OFFSET_WIDTH * len(names)
+            extra = _OFFSETS_EXTRA + _OFFSET_WIDTH * len(names)
             if len(properties_bytes) + extra > record.MAX_PROPERTIES_BYTES:
                 raise InvalidMessageError(f"{len(names)} light queues make the properties over {record.MAX_PROPERTIES_BYTES} bytes")
-            if template.fixed_size + len(body) + len(properties_bytes) + extra + record.BLANK_SIZE > self.commit_log.segment_size:
+            if template.fixed_size + len(body) + len(properties_bytes) + extra + record.BLANK_SIZE > segment_size:
                 raise InvalidMessageError("the record with its light queues' offsets does not fit a commit-log segment")
 
     def assign(self, todo: list[tuple[int, list[str]]], prepared: list) -> list[tuple[int, list[str]]]:
         """Under the append lock: each named light queue's next offset, written into the
         message's properties (prepared[index]); returns what `unassign` needs."""
         pending, queue_offsets = self._pending, self.queue_offsets
-        unknown = {name for _, names in todo for name in names
-                   if is_light_queue(name) and not self.in_files(name) and name not in pending}
-        if unknown:
-            ordered = sorted(unknown)
-            pending.update(zip(ordered, self._kv().max_offsets(ordered)))
+        use_files, file_queues = self.use_files, self.file_queues
+        if not use_files:
+            unknown = {name for _, names in todo for name in names
+                       if name not in pending and name.startswith(LMQ_PREFIX) and name not in file_queues}
+            if unknown:
+                ordered = sorted(unknown)
+                pending.update(zip(ordered, self._kv().max_offsets(ordered)))
         taken = []
         for index, names in todo:
             offsets: dict[str, int] = {}
             for name in names:
-                if name in offsets or not is_light_queue(name):
+                if name in offsets or not name.startswith(LMQ_PREFIX):
                     continue
-                if self.in_files(name):
+                if use_files or name in file_queues:
                     key = (name, LMQ_QUEUE_ID)
                     offset = queue_offsets.get(key, 0)
                     queue_offsets[key] = offset + 1
@@ -178,10 +207,12 @@ class LightQueues:
                     offset = pending[name]
                     pending[name] = offset + 1
                 offsets[name] = offset
-            text = MULTI_DISPATCH_SEPARATOR.join(str(offsets[name]) if name in offsets else "" for name in names)
+            if len(names) == 1:
+                text = str(offsets[names[0]]) if offsets else ""
+            else:
+                text = MULTI_DISPATCH_SEPARATOR.join([str(offsets[name]) if name in offsets else "" for name in names])
             template, body, body_crc, properties_bytes, unique_key = prepared[index]
-            properties_bytes += f"{MULTI_QUEUE_OFFSET}\x01{text}\x02".encode("ascii")
-            prepared[index] = (template, body, body_crc, properties_bytes, unique_key)
+            prepared[index] = (template, body, body_crc, b"".join((properties_bytes, _OFFSETS_PREFIX, text.encode("ascii"), b"\x02")), unique_key)
             taken.append((index, list(offsets)))
         return taken
 
@@ -210,9 +241,12 @@ class LightQueues:
     def dispatch_range(self, commit_log: "CommitLog", begin: int, end: int, changes: dict[QueueKey, int]) -> None:
         """The dispatcher built [begin, end) of the log (records wholly inside one segment): write
         the light queues' units of its multi-dispatched records.  A range without the property's
-        name in its bytes is not decoded at all."""
+        name in its bytes is not decoded at all, nor one the tables held when the store opened
+        (recovery dispatches it again for the other indexes) while no light queue is a file."""
         segment = commit_log.segment_for(begin)
         if segment is None or end <= begin:
+            return
+        if end <= self._held_at_open and not self.use_files and not self.file_queues:
             return
         mm, base = segment.mm, segment.start
         found = mm.find(_MARKER, begin - base, end - base) if self.multi_dispatch else -1
@@ -227,27 +261,31 @@ class LightQueues:
                 break
             hits.append(found)
         rows = np.unique(np.searchsorted(columns.positions, np.array(hits, dtype=np.int64), side="right") - 1)
-        entry = builds_queue_entry(columns.sysflags)
+        rows = rows[rows >= 0]
+        rows = rows[builds_queue_entry(columns.sysflags[rows])]
+        offsets, sizes = columns.offsets[rows].tolist(), columns.sizes[rows].tolist()
+        tags_codes, stored = columns.tags_codes[rows].tolist(), columns.store_timestamps[rows].tolist()
+        starts, stops = columns.properties_starts[rows].tolist(), columns.properties_ends[rows].tolist()
+        topic_ids, names_of = columns.topic_ids[rows].tolist(), columns.topic_names
         kv_units = []
-        for row in rows.tolist():
-            if row < 0 or not entry[row]:
+        held = self._held_at_open
+        for i in range(len(rows)):
+            if not multi_dispatches(names_of[topic_ids[i]]):
                 continue
-            topic = columns.topic(row)
-            if not multi_dispatches(topic):
+            found_names = property_in(mm, starts[i], stops[i], _NAME_MULTI_DISPATCH)
+            found_offsets = property_in(mm, starts[i], stops[i], _NAME_MULTI_QUEUE_OFFSET) if found_names else None
+            if not found_names or not found_offsets:
                 continue
-            units = lmq_units(topic, int(columns.queue_ids[row]), lambda name: columns.property(row, name))
-            if not units:
-                continue
-            offset, size = int(columns.offsets[row]), int(columns.sizes[row])
-            tags_code, stored = int(columns.tags_codes[row]), int(columns.store_timestamps[row])
-            for name, queue_id, queue_offset in units:
-                if queue_id != LMQ_QUEUE_ID or not is_light_queue(name):
+            offset = offsets[i]
+            for name, text in zip(found_names.split(MULTI_DISPATCH_SEPARATOR), found_offsets.split(MULTI_DISPATCH_SEPARATOR)):
+                if not name.startswith(LMQ_PREFIX) or "/" in name or not text.isdigit():
                     continue
                 if self.in_files(name):
-                    self._put_file_unit(name, queue_offset, offset, size, tags_code, changes)
-                else:
-                    kv_units.append((name, queue_offset, offset, size, tags_code, stored))
+                    self._put_file_unit(name, int(text), offset, sizes[i], tags_codes[i], changes)
+                elif offset >= held:
+                    kv_units.append((name, int(text), offset, sizes[i], tags_codes[i], stored[i]))
         if kv_units:
+            kv_units.sort()  # by name: the tables' pages are visited in order
             moved = self._kv().write(kv_units, end)
             for name, frontier in moved.items():
                 changes[(name, LMQ_QUEUE_ID)] = frontier
@@ -256,6 +294,8 @@ class LightQueues:
                 for name, frontier in moved.items():
                     if pending.get(name, frontier + 1) <= frontier:
                         del pending[name]
+                if not pending:
+                    self._pending = {}  # a dict keeps the table it grew to; a burst's is given back
         self._dispatched = max(self._dispatched, end)
 
     def _put_file_unit(self, name: str, queue_offset: int, offset: int, size: int, tags_code: int,
@@ -279,7 +319,7 @@ class LightQueues:
             log.warning("light queues: the key-value tables hold units past the commit log's end %d; rebuilding them "
                         "from the log", commit_log_end)
             self.kv.clear()
-            self._dispatched = 0
+            self._dispatched = self._held_at_open = 0
 
     def flush(self) -> None:
         if self.kv is not None:

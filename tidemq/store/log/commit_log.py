@@ -16,6 +16,7 @@ blocks on the lock; `_segments_lock` guards the list against retention's deletio
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -316,7 +317,7 @@ class CommitLog:
         last = self.segment_for(end)
         if last is not None:
             pos = end - last.start
-            _zero(last.mm, pos, last.size)
+            _zero(last.mm, pos, last.size, last.fd)
             last.sync()
         self.write_position = end
         self.flushed_position = min(self.flushed_position, end)
@@ -348,11 +349,24 @@ class CommitLog:
             self.segments = []
 
 
-def _zero(mm: mmap.mmap, start: int, end: int, chunk: int = 1 << 20) -> None:
+def _zero(mm: mmap.mmap, start: int, end: int, fd: int | None = None, chunk: int = 1 << 20) -> None:
+    """Zero [start, end) of the mapping of file `fd`, writing only chunks that are not zero
+    already.  The file's holes (SEEK_DATA / SEEK_HOLE: never written, they read as zeros) are
+    skipped without being read, so a mostly empty segment is not paged in whole."""
     zeros = bytes(chunk)
     pos = start
     while pos < end:
-        n = min(chunk, end - pos)
-        if mm[pos : pos + n] != zeros[:n]:  # memcmp, not a per-byte Python loop
-            mm[pos : pos + n] = zeros[:n]
-        pos += n
+        stop = end
+        if fd is not None:
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+                stop = min(end, os.lseek(fd, pos, os.SEEK_HOLE))
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # nothing but holes from here to the end of the file
+                    return
+                fd = None  # a file system without SEEK_DATA: compare every chunk
+        while pos < stop:
+            n = min(chunk, stop - pos)
+            if mm[pos : pos + n] != zeros[:n]:  # memcmp, not a per-byte Python loop
+                mm[pos : pos + n] = zeros[:n]
+            pos += n
