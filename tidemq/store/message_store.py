@@ -580,8 +580,7 @@ class MessageStore:
         """Messages of a queue from `offset`, up to its commit frontier."""
         light = self._light(topic, queue_id)
         if light is not None:
-            low, high = light.min_offset(topic), light.max_offset(topic)
-            units = light.read_units(topic, max(offset, low), max_count)
+            low, high, units = light.read(topic, offset, max_count)
             messages = [m for m in (self.read_unit(u) for u in units) if m is not None]
             next_offset = units[-1].queue_offset + 1 if units else max(offset, low)
             return GetResult(messages, min(next_offset, high), low, high)

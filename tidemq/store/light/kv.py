@@ -48,6 +48,7 @@ OFFSET = struct.Struct(">q")
 DISPATCHED_KEY = b"dispatched"
 NEXT_QUEUE_KEY = b"next_queue"
 DEFAULT_MAP_SIZE = 1 << 40  # address space reserved for the tables; the file grows with their data
+WRITE_CHUNK = 1024  # units a write transaction holds at most
 
 
 @dataclass(slots=True)
@@ -105,50 +106,54 @@ class KvLightQueues:
                 result.append(state.max_offset if state is not None else 0)
             return result
 
-    def read(self, name: str, offset: int, max_count: int) -> list[Unit]:
-        """Units from `offset` (clamped to the minimum) below the max offset, at most `max_count`."""
+    def read_from(self, name: str, offset: int, max_count: int, min_commit_log_offset: int) -> tuple[int, int, list[Unit]]:
+        """From one snapshot: the queue's readable min offset (its first unit whose record is
+        at or past `min_commit_log_offset`), its max offset, and `read`'s units from `offset`
+        (clamped to that min)."""
         with self.env.begin() as txn:
             state = self._state(txn, name)
-            if state is None or max_count <= 0:
-                return []
-            start = max(offset, state.min_offset)
-            end = min(state.max_offset, start + max_count)
-            if start >= end:
-                return []
-            number = state.number
+            if state is None:
+                return 0, 0, []
+            low = self._readable_min(txn, state, min_commit_log_offset)
+            start = max(offset, low)
+            end = min(state.max_offset, start + max(0, max_count))
             out: list[Unit] = []
-            cursor = txn.cursor(db=self.units)
-            if not cursor.set_range(UNIT_KEY.pack(number, start)):
-                return out
-            for key, value in cursor:
-                key_number, queue_offset = UNIT_KEY.unpack(key)
-                if key_number != number or queue_offset >= end:
-                    break
-                commit_log_offset, size, tags_code, _ = UNIT_ROW.unpack(value)
-                out.append(Unit(queue_offset, commit_log_offset, size, tags_code))
-            return out
+            if start < end:
+                cursor = txn.cursor(db=self.units)
+                if cursor.set_range(UNIT_KEY.pack(state.number, start)):
+                    for key, value in cursor:
+                        key_number, queue_offset = UNIT_KEY.unpack(key)
+                        if key_number != state.number or queue_offset >= end:
+                            break
+                        commit_log_offset, size, tags_code, _ = UNIT_ROW.unpack(value)
+                        out.append(Unit(queue_offset, commit_log_offset, size, tags_code))
+            return low, state.max_offset, out
+
+    def _readable_min(self, txn, state: QueueState, min_commit_log_offset: int) -> int:
+        """The first offset whose unit's record is at or past `min_commit_log_offset` (older
+        records are deleted), or the max offset if none is.  Units' records are in offset
+        order: a binary search, after a look at the stored min."""
+        first = txn.get(UNIT_KEY.pack(state.number, state.min_offset), db=self.units)
+        if first is None or UNIT_ROW.unpack(first)[0] >= min_commit_log_offset:
+            return state.min_offset
+        low, high = state.min_offset, state.max_offset
+        while low < high:
+            middle = (low + high) // 2
+            row = txn.get(UNIT_KEY.pack(state.number, middle), db=self.units)
+            if row is not None and UNIT_ROW.unpack(row)[0] >= min_commit_log_offset:
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def bounds(self, name: str) -> tuple[int, int]:
         state = self.state(name)
         return (state.min_offset, state.max_offset) if state is not None else (0, 0)
 
-    def first_offset_from(self, name: str, min_commit_log_offset: int) -> int:
-        """The first offset whose unit's record is at or past `min_commit_log_offset` (the
-        commit log's minimum: older records are deleted), or the max offset if none is: the
-        queue's readable minimum.  Units' records are in offset order, so a binary search."""
+    def readable_min(self, name: str, min_commit_log_offset: int) -> int:
         with self.env.begin() as txn:
             state = self._state(txn, name)
-            if state is None:
-                return 0
-            low, high = state.min_offset, state.max_offset
-            while low < high:
-                middle = (low + high) // 2
-                row = txn.get(UNIT_KEY.pack(state.number, middle), db=self.units)
-                if row is not None and UNIT_ROW.unpack(row)[0] >= min_commit_log_offset:
-                    high = middle
-                else:
-                    low = middle + 1
-            return low
+            return self._readable_min(txn, state, min_commit_log_offset) if state is not None else 0
 
     def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
         """As `ConsumeQueue.offset_for_timestamp` (LOWER: the first unit stored at or after
@@ -208,25 +213,28 @@ class KvLightQueues:
 
     def write(self, units: list[tuple[str, int, int, int, int, int]], dispatched: int) -> dict[str, int]:
         """Put each (name, queue offset, commit-log offset, size, tags code, store time) at its
-        slot and mark everything below commit-log offset `dispatched` as in, in one transaction;
-        returns the queues whose max offset moved, with the new max.  A queue is created at its
-        first unit (its min offset is that unit's).  Putting a unit again is harmless: the same
-        bytes at the same slot (recovery dispatches the tail past `dispatched` again)."""
+        slot, then mark everything below commit-log offset `dispatched` as in; returns the
+        queues whose max offset moved, with the new max.  A queue is created at its first unit
+        (its min offset is that unit's).  Putting a unit again is harmless: the same bytes at
+        the same slot (recovery dispatches the tail past `dispatched` again).
+
+        At most WRITE_CHUNK units go in one transaction (LMDB keeps the pages a transaction
+        dirtied in memory, and keeps that memory for the next), the mark with the last."""
         moved: dict[str, int] = {}
+        for start in range(0, len(units), WRITE_CHUNK):
+            last = start + WRITE_CHUNK >= len(units)
+            self._write(units[start : start + WRITE_CHUNK], dispatched if last else -1, moved)
+        return moved
+
+    def _write(self, units: list[tuple[str, int, int, int, int, int]], dispatched: int, moved: dict[str, int]) -> None:
         with self.env.begin(write=True) as txn:
             states: dict[str, QueueState] = {}
-            next_number = None
             for name, queue_offset, commit_log_offset, size, tags_code, store_timestamp in units:
                 state = states.get(name)
                 if state is None:
                     state = self._state(txn, name)
                     if state is None:
-                        if next_number is None:
-                            raw = txn.get(NEXT_QUEUE_KEY, db=self.meta)
-                            next_number = NUMBER.unpack(raw)[0] if raw is not None else 0
-                        state = QueueState(next_number, queue_offset, queue_offset, 0, 0, name)
-                        txn.put(name.encode("utf-8"), NUMBER.pack(next_number), db=self.names)
-                        next_number += 1
+                        state = self._create(txn, name, queue_offset)
                     states[name] = state
                 txn.put(UNIT_KEY.pack(state.number, queue_offset), UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp), db=self.units)
                 if queue_offset >= state.max_offset:
@@ -237,14 +245,66 @@ class KvLightQueues:
                 state.last_store_timestamp = max(state.last_store_timestamp, store_timestamp)
                 state.last_active = max(state.last_active, store_timestamp)
             for state in states.values():
-                row = QUEUE_ROW.pack(state.min_offset, state.max_offset, state.last_store_timestamp, state.last_active)
-                txn.put(NUMBER.pack(state.number), row + state.name.encode("utf-8"), db=self.queues)
-            if next_number is not None:
-                txn.put(NEXT_QUEUE_KEY, NUMBER.pack(next_number), db=self.meta)
+                self._put_state(txn, state)
             if dispatched > self.dispatched:
                 txn.put(DISPATCHED_KEY, OFFSET.pack(dispatched), db=self.meta)
         self.dispatched = max(self.dispatched, dispatched)
-        return moved
+
+    def _create(self, txn, name: str, first_offset: int) -> QueueState:
+        """A new queue starting at `first_offset`, numbered next (its row is the caller's to put)."""
+        raw = txn.get(NEXT_QUEUE_KEY, db=self.meta)
+        number = NUMBER.unpack(raw)[0] if raw is not None else 0
+        txn.put(NEXT_QUEUE_KEY, NUMBER.pack(number + 1), db=self.meta)
+        txn.put(name.encode("utf-8"), NUMBER.pack(number), db=self.names)
+        return QueueState(number, first_offset, first_offset, 0, 0, name)
+
+    def _put_state(self, txn, state: QueueState) -> None:
+        row = QUEUE_ROW.pack(state.min_offset, state.max_offset, state.last_store_timestamp, state.last_active)
+        txn.put(NUMBER.pack(state.number), row + state.name.encode("utf-8"), db=self.queues)
+
+    # one queue at a time (the QueueStore view, kv_queue.KvQueue)
+
+    def create(self, name: str, first_offset: int) -> bool:
+        """Start queue `name` at `first_offset`; False if it exists."""
+        with self.env.begin(write=True) as txn:
+            if self._state(txn, name) is not None:
+                return False
+            self._put_state(txn, self._create(txn, name, first_offset))
+            return True
+
+    def unit(self, name: str, queue_offset: int) -> tuple[int, int, int, int] | None:
+        """(commit-log offset, size, tags code, store time) at a slot of `name`, or None."""
+        with self.env.begin() as txn:
+            number = txn.get(name.encode("utf-8"), db=self.names)
+            row = txn.get(number + NUMBER.pack(queue_offset), db=self.units) if number is not None else None
+            return UNIT_ROW.unpack(row) if row is not None else None
+
+    def put_unit(self, name: str, queue_offset: int, commit_log_offset: int, size: int, tags_code: int, store_timestamp: int = 0) -> None:
+        """Store a unit at its slot of the existing queue `name`, its bounds left as they are."""
+        with self.env.begin(write=True) as txn:
+            number = txn.get(name.encode("utf-8"), db=self.names)
+            if number is None:
+                raise KeyError(name)
+            txn.put(number + NUMBER.pack(queue_offset), UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp), db=self.units)
+
+    def set_bounds(self, name: str, min_offset: int | None = None, max_offset: int | None = None) -> None:
+        with self.env.begin(write=True) as txn:
+            state = self._state(txn, name)
+            if state is None:
+                raise KeyError(name)
+            if min_offset is not None:
+                state.min_offset = min_offset
+            if max_offset is not None:
+                state.max_offset = max_offset
+                state.min_offset = min(state.min_offset, max_offset)
+            self._put_state(txn, state)
+
+    def drop_units_from(self, name: str, queue_offset: int) -> None:
+        """Delete the units of `name` at and past `queue_offset`."""
+        with self.env.begin(write=True) as txn:
+            number = txn.get(name.encode("utf-8"), db=self.names)
+            if number is not None:
+                _delete_prefixed(txn.cursor(db=self.units), number, bytes(number) + NUMBER.pack(queue_offset))
 
     def mark_dispatched(self, dispatched: int) -> None:
         """Everything below `dispatched` is in (a range with no light queue's unit)."""
@@ -290,11 +350,7 @@ class KvLightQueues:
                     continue
                 prefix = NUMBER.pack(state.number)
                 for table in (self.units, self.groups):
-                    cursor = txn.cursor(db=table)
-                    if cursor.set_range(prefix):
-                        while cursor.key()[:8] == prefix:
-                            if not cursor.delete():
-                                break
+                    _delete_prefixed(txn.cursor(db=table), prefix, prefix)
                 txn.delete(prefix, db=self.queues)
                 txn.delete(name.encode("utf-8"), db=self.names)
                 deleted.append(name)
@@ -316,3 +372,12 @@ class KvLightQueues:
     def close(self) -> None:
         self.env.sync(True)
         self.env.close()
+
+
+def _delete_prefixed(cursor, prefix: bytes, start: bytes) -> None:
+    """Delete the keys from `start` on that begin with `prefix` (a queue number)."""
+    if not cursor.set_range(start):
+        return
+    while cursor.key()[: len(prefix)] == prefix:
+        if not cursor.delete():  # the cursor is past the last key
+            break

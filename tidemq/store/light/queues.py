@@ -335,17 +335,18 @@ class LightQueues:
     # -- reading --------------------------------------------------------------------------------
 
     def read_units(self, name: str, offset: int, max_count: int) -> list[Unit]:
-        return self.kv.read(name, offset, max_count) if self.kv is not None else []
+        return self.read(name, offset, max_count)[2]
+
+    def read(self, name: str, offset: int, max_count: int) -> tuple[int, int, list[Unit]]:
+        """(min offset, max offset, units from `offset`) of a key-value light queue, from one
+        snapshot; the min is the first offset whose record the commit log still holds."""
+        if self.kv is None:
+            return 0, 0, []
+        return self.kv.read_from(name, offset, max_count, self.commit_log.min_offset)
 
     def min_offset(self, name: str) -> int:
         """The first offset whose record the commit log still holds."""
-        if self.kv is None:
-            return 0
-        low, _ = self.kv.bounds(name)
-        first = self.kv.read(name, low, 1)
-        if first and first[0].commit_log_offset >= self.commit_log.min_offset:
-            return low
-        return self.kv.first_offset_from(name, self.commit_log.min_offset)
+        return self.kv.readable_min(name, self.commit_log.min_offset) if self.kv is not None else 0
 
     def max_offset(self, name: str) -> int:
         return self.kv.bounds(name)[1] if self.kv is not None else 0
