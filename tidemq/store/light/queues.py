@@ -139,18 +139,19 @@ class LightQueues:
         """Before the append lock and before the messages are encoded: refuse what the store
         must not take (InvalidMessageError) and return (index, names) of each message to
         multi-dispatch."""
-        todo = []
-        multi_dispatch, longest = self.multi_dispatch, self.max_name_bytes
-        for index, message in enumerate(messages):
-            topic = message.topic
+        todo: list[tuple[int, list[str]]] = []
+        for topic in {message.topic for message in messages if type(message.topic) is str}:
             if topic.startswith(LMQ_PREFIX):
                 raise InvalidMessageError(f"topic {topic!r} is a light queue: it takes messages by multi-dispatch "
                                           f"({MULTI_DISPATCH}) only")
-            properties = message.properties
-            if not properties or not multi_dispatch:
-                continue
-            names_text = properties.get(MULTI_DISPATCH)
-            if not names_text or not multi_dispatches(topic):
+        if not self.multi_dispatch:
+            return todo
+        longest = self.max_name_bytes
+        for index in [i for i, message in enumerate(messages) if message.properties and MULTI_DISPATCH in message.properties]:
+            message = messages[index]
+            topic = message.topic
+            names_text = message.properties[MULTI_DISPATCH]
+            if not names_text or type(names_text) is not str or type(topic) is not str or not multi_dispatches(topic):
                 continue
             if message.sysflag & record.TRANSACTION_TYPE_MASK not in record.QUEUE_ENTRY_KINDS:
                 continue  # a prepared transaction message is dispatched by its commit record
