@@ -8,16 +8,19 @@ In one run, over a store in a temporary directory on disk (async flush, the defa
    until every unit is dispatched;
 2. reads: `get` from 10,000 light queues drawn at random, each checked to hold its message;
 3. baseline: min(N, 200,000) messages multi-dispatched to one light queue, and as many plain
-   messages to a topic queue: the send rates against the fill's (target: sends across the light
-   queues at least half the single-queue rate);
+   messages to a topic queue: the send rates against the fill's; then the same three in
+   alternating rounds of 10,000, in this process's CPU time until dispatched (robust to the
+   load of a shared machine): the ratio of the rates across light queues and to one (target:
+   at least half);
 4. fan-out: 2,000 messages each to 100 light queues against 2,000 to 1 (sends until
    dispatched);
 5. memory and files: the process's RSS (anonymous: Python objects and heaps; file-backed:
    mapped pages of the log and the tables) before and after the fill, per idle light queue
    (target: at most 100 bytes), and the number of files in the store (target: not growing with
    N);
-6. start-up: a fresh process opens the store after the clean stop, and again after a process
-   that sent 20,000 more light messages was killed with SIGKILL (target: under 2 s).
+6. start-up: a fresh process opens the store after the clean stop (and, apart, the light queues'
+   tables), and again after a process that sent 20,000 more light messages was killed with
+   SIGKILL (target: under 2 s).
 `--full` makes N 10,000,000 (default 1,000,000).  Run it at two sizes to see the scaling.
 """
 
@@ -38,6 +41,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 from tidemq.store import Message, MessageStore, StoreConfig  # noqa: E402
+from tidemq.store.light.kv import KvLightQueues  # noqa: E402
 
 MULTI = "INNER_MULTI_DISPATCH"
 BATCH = 1000
@@ -75,9 +79,9 @@ def light_batches(names, count: int, body: bytes = b"m" * 64, topic: str = "pare
         yield [Message(topic=topic, body=body, properties={MULTI: names(i)}) for i in range(start, min(count, start + BATCH))]
 
 
-def plain_batches(count: int, body: bytes = b"m" * 64):
+def plain_batches(count: int, body: bytes = b"m" * 64, properties: dict[str, str] | None = None):
     for start in range(0, count, BATCH):
-        yield [Message(topic="plain", body=body) for _ in range(start, min(count, start + BATCH))]
+        yield [Message(topic="plain", body=body, properties=dict(properties or {})) for _ in range(start, min(count, start + BATCH))]
 
 
 def rate(count: int, seconds: float) -> str:
@@ -91,6 +95,10 @@ def open_in_child(directory: Path) -> dict:
 
 
 def child_open(directory: Path) -> None:
+    start = time.perf_counter()
+    tables = KvLightQueues(directory / "lightqueue")
+    tables_open = time.perf_counter() - start
+    tables.close()
     before = memory()
     start = time.perf_counter()
     store = MessageStore(directory, StoreConfig())
@@ -99,7 +107,7 @@ def child_open(directory: Path) -> None:
     count = store.light_queues.count()
     probe = store.get("%LMQ%q0", 0, 0).messages
     store.close()
-    print(json.dumps({"open_s": opened, "rss_delta": after["VmRSS"] - before["VmRSS"], "light_queues": count,
+    print(json.dumps({"open_s": opened, "tables_open_s": tables_open, "rss_delta": after["VmRSS"] - before["VmRSS"], "light_queues": count,
                       "abnormal": store.recovery.abnormal, "redispatched_bytes": store.recovery.end - store.recovery.redispatched_from,
                       "probe": len(probe)}))
 
@@ -166,8 +174,26 @@ def run(directory: Path, n: int) -> None:
     sent_plain, done_plain = send(store, plain_batches(base), base)
     print(f"one light queue: sent {rate(base, sent_one)}, dispatched {rate(base, done_one)}; "
           f"plain topic: sent {rate(base, sent_plain)}, dispatched {rate(base, done_plain)}")
-    print(f"ratio: sends across {n:,} light queues / to one light queue = {fill_rate / (base / sent_one):.2f}; "
+    print(f"wall-clock ratio: sends across {n:,} light queues / to one light queue = {fill_rate / (base / sent_one):.2f}; "
           f"/ plain = {fill_rate / (base / sent_plain):.2f}; until dispatched: {(n / done) / (base / done_one):.2f}")
+    # the same comparison in this process's CPU time, in alternating rounds (so that both sides
+    # see the same load from the rest of the machine): new light queues beside the N, one light
+    # queue, plain messages; each round until dispatched
+    cpu = {"new light queues": 0.0, "one light queue": 0.0, "plain with a property": 0.0, "plain": 0.0}
+    rounds, size = 5, 10_000
+    for r in range(rounds):
+        for kind in cpu:
+            batches = (light_batches(lambda i, r=r: f"%LMQ%more{r}_{i}", size) if kind == "new light queues" else
+                       light_batches(lambda i: "%LMQ%single", size) if kind == "one light queue" else
+                       plain_batches(size, properties={"k": "v"}) if kind == "plain with a property" else plain_batches(size))
+            before_cpu = time.process_time()
+            send(store, batches, size)
+            cpu[kind] += time.process_time() - before_cpu
+    per = {kind: seconds / (rounds * size) * 1e6 for kind, seconds in cpu.items()}
+    print("CPU a message until dispatched: " + ", ".join(f"{kind} {us:.1f} us" for kind, us in per.items()))
+    print(f"CPU ratio (rate across light queues / rate to one light queue): {per['one light queue'] / per['new light queues']:.2f}; "
+          f"/ plain with a property: {per['plain with a property'] / per['new light queues']:.2f}; "
+          f"/ plain: {per['plain'] / per['new light queues']:.2f}")
 
     fan = 2_000
     hundred = [f"%LMQ%fan{k}" for k in range(100)]
@@ -180,7 +206,8 @@ def run(directory: Path, n: int) -> None:
 
     clean = open_in_child(directory)
     print(f"start-up after a clean stop: {clean['open_s']:.2f} s ({clean['light_queues']:,} light queues, "
-          f"RSS +{clean['rss_delta'] / 2**20:.0f} MiB)")
+          f"RSS +{clean['rss_delta'] / 2**20:.0f} MiB); the light queues' tables alone open in "
+          f"{clean['tables_open_s'] * 1000:.1f} ms")
     child = subprocess.Popen([sys.executable, __file__, "--child-send", str(directory)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "sent"
