@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import lmdb
 
@@ -240,8 +240,7 @@ class KvLightQueues:
                 if queue_offset >= state.max_offset:
                     state.max_offset = queue_offset + 1
                     moved[name] = state.max_offset
-                if queue_offset < state.min_offset:
-                    state.min_offset = queue_offset
+                state.min_offset = min(state.min_offset, queue_offset)
                 state.last_store_timestamp = max(state.last_store_timestamp, store_timestamp)
                 state.last_active = max(state.last_active, store_timestamp)
             for state in states.values():
@@ -317,14 +316,12 @@ class KvLightQueues:
         """Keep `group`'s consumed offset of queue `name` (an activity of the queue); False if
         there is no such queue."""
         with self.env.begin(write=True) as txn:
-            number = txn.get(name.encode("utf-8"), db=self.names)
-            if number is None:
+            state = self._state(txn, name)
+            if state is None:
                 return False
-            txn.put(number + group.encode("utf-8"), GROUP_ROW.pack(offset, now), db=self.groups)
-            row = txn.get(number, db=self.queues)
-            state = _queue_state(NUMBER.unpack(number)[0], row)
+            txn.put(NUMBER.pack(state.number) + group.encode("utf-8"), GROUP_ROW.pack(offset, now), db=self.groups)
             state.last_active = max(state.last_active, now)
-            txn.put(number, QUEUE_ROW.pack(state.min_offset, state.max_offset, state.last_store_timestamp, state.last_active) + row[QUEUE_ROW.size :], db=self.queues)
+            self._put_state(txn, state)
             return True
 
     def group_offsets(self, txn, number: int) -> list[tuple[str, int]]:

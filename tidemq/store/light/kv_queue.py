@@ -11,8 +11,8 @@ the frontier can reach them).  Dispatch of multi-dispatched records writes the t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..queues.consume_queue import Unit
 from .kv import KvLightQueues
@@ -31,7 +31,7 @@ class KvQueue:
         self._pending: set[int] = set()
 
     @classmethod
-    def open(cls, directory: Path | str, name: str) -> "KvQueue":
+    def open(cls, directory: Path | str, name: str) -> KvQueue:
         return cls(KvLightQueues(directory), name, owns_tables=True)
 
     # -- bounds ----------------------------------------------------------------------------------

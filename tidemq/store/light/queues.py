@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from ..format.scan import scan
 from ..format.special_queues import LMQ_PREFIX, LMQ_QUEUE_ID, MULTI_DISPATCH_SEPARATOR, RETRY_PREFIX, SCHEDULE_TOPIC
 from ..queues.consume_queue import Unit
 from ..queues.queue_set import ConsumeQueueStore
-from .kv import UNIT_ROW, UNIT_KEY, KvLightQueues, QueueState
+from .kv import UNIT_KEY, UNIT_ROW, KvLightQueues, QueueState
 
 if TYPE_CHECKING:
     from ..log.commit_log import CommitLog
@@ -89,7 +90,7 @@ def is_light_queue(topic: str) -> bool:
 
 def multi_dispatches(topic: str) -> bool:
     """Whether a record of `topic` is multi-dispatched (RocketMQ's isNeedHandleMultiDispatch)."""
-    return not (topic.startswith(RETRY_PREFIX) or topic.startswith(SYSTEM_TOPIC_PREFIX) or topic == SCHEDULE_TOPIC)
+    return not (topic.startswith((RETRY_PREFIX, SYSTEM_TOPIC_PREFIX)) or topic == SCHEDULE_TOPIC)
 
 
 class LightQueues:
@@ -98,7 +99,7 @@ class LightQueues:
     name = "light_queue"
 
     def __init__(self, directory: Path, consume_queues: ConsumeQueueStore, queue_offsets: dict[QueueKey, int],
-                 commit_log: "CommitLog", append_lock: threading.Lock, *, multi_dispatch: bool = True,
+                 commit_log: CommitLog, append_lock: threading.Lock, *, multi_dispatch: bool = True,
                  backend: str = "kv", idle_expiry_ms: int = 0, max_name_bytes: int = 255) -> None:
         if backend not in LIGHT_QUEUE_STORES:
             raise ValueError(f"light_queue_store must be one of {LIGHT_QUEUE_STORES}, not {backend!r}")
@@ -239,7 +240,7 @@ class LightQueues:
 
     # -- dispatching ----------------------------------------------------------------------------
 
-    def dispatch_range(self, commit_log: "CommitLog", begin: int, end: int, changes: dict[QueueKey, int]) -> None:
+    def dispatch_range(self, commit_log: CommitLog, begin: int, end: int, changes: dict[QueueKey, int]) -> None:
         """The dispatcher built [begin, end) of the log (records wholly inside one segment): write
         the light queues' units of its multi-dispatched records.  A range without the property's
         name in its bytes is not decoded at all, nor one the tables held when the store opened
