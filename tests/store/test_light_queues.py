@@ -115,3 +115,40 @@ def test_expiry_removes_idle_consumed_light_queues_with_their_offsets_and_never_
         # a queue nobody consumed keeps its messages while the log holds them
         assert store.max_offset("%LMQ%unread", 0) == 1 and store.max_offset("%LMQ%consumed", 0) == 1
         assert queues.count() == 2
+
+
+def test_offsets_follow_the_names_as_rocketmq_writes_them(tmp_path):
+    now = [1_000]
+    with MessageStore(tmp_path, config("kv", clock=lambda: now[0])) as store:
+        first = store.put(light(["%LMQ%a", "plain-name", "%LMQ%b", "%LMQ%a"]))
+        now[0] = 2_000
+        store.put(light(["%LMQ%b"], topic="%RETRY%group"))  # retry records are not multi-dispatched
+        store.put(light(["%LMQ%b"], sysflag=0x4))  # a prepared transaction message: its commit record is
+        now[0] = 3_000
+        second = store.put(light(["%LMQ%b"]))
+        assert store.wait_dispatched()
+        record = store.read_record(first.commit_log_offset)
+        assert record.properties[OFFSETS] == "0,,0,0"  # a name without %LMQ% gets an empty entry
+        assert [u.commit_log_offset for u in store.read_units("%LMQ%b", 0, 0, 10)] == [first.commit_log_offset, second.commit_log_offset]
+        assert store.max_offset("%LMQ%a", 0) == 1  # a name given twice gets one offset
+        assert store.offset_for_timestamp("%LMQ%b", 0, 2_000) == 1
+        assert store.offset_for_timestamp("%LMQ%b", 0, 2_000, upper=True) == 0
+        assert store.offset_for_timestamp("%LMQ%b", 0, 3_000) == 1
+
+
+def test_tables_ahead_of_a_shortened_log_are_rebuilt_from_it(tmp_path, caplog):
+    """The log lost its last record (only a machine crash under async flush does that) after
+    the tables took its units: the tables are rebuilt from the log, without its units."""
+    with MessageStore(tmp_path, config("kv")) as store:
+        kept = [store.put(light(["%LMQ%a", "%LMQ%b"], body=b"%d" % i)) for i in range(3)]
+        lost = store.put(light(["%LMQ%a", "%LMQ%c"], body=b"lost"))
+    segment = tmp_path / "commitlog" / f"{0:020d}"
+    with open(segment, "r+b") as f:
+        f.seek(lost.commit_log_offset)
+        f.write(bytes(lost.size))
+    with MessageStore(tmp_path, config("kv")) as store:
+        assert "rebuilding them from the log" in caplog.text
+        assert store.commit_log.write_position == lost.commit_log_offset
+        assert [u.commit_log_offset for u in store.read_units("%LMQ%a", 0, 0, 10)] == [r.commit_log_offset for r in kept]
+        assert store.max_offset("%LMQ%b", 0) == 3 and store.max_offset("%LMQ%c", 0) == 0
+        assert store.assigned_offset("%LMQ%a", 0) == 3
