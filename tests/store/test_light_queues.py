@@ -152,3 +152,19 @@ def test_tables_ahead_of_a_shortened_log_are_rebuilt_from_it(tmp_path, caplog):
         assert [u.commit_log_offset for u in store.read_units("%LMQ%a", 0, 0, 10)] == [r.commit_log_offset for r in kept]
         assert store.max_offset("%LMQ%b", 0) == 3 and store.max_offset("%LMQ%c", 0) == 0
         assert store.assigned_offset("%LMQ%a", 0) == 3
+
+
+def test_expiry_runs_resume_where_the_last_stopped(tmp_path):
+    now = [1_000_000]
+    cfg = config("kv", clock=lambda: now[0], light_queue_idle_expiry_ms=1_000, maintenance_interval_ms=3_600_000)
+    with MessageStore(tmp_path, cfg) as store:
+        names = [f"%LMQ%q{i}" for i in range(5)]
+        store.put(light(names))
+        store.wait_dispatched()
+        queues = store.light_queues
+        for name in names:
+            queues.commit_consumer_offset("g", name, 1, now[0])
+        now[0] += 5_000
+        runs = [queues.expire_idle(now[0], scan_limit=2) for _ in range(3)]
+        assert [len(run) for run in runs] == [2, 2, 1] and sorted(name for run in runs for name in run) == names
+        assert queues.count() == 0

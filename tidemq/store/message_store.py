@@ -767,7 +767,7 @@ class MessageStore:
     def run_maintenance(self) -> None:
         self.delete_expired_segments()
         if self.light_queues is not None:
-            self.light_queues.expire_idle(self.clock())
+            self.light_queues.expire_due(self.clock())
         self.save_checkpoint()
 
     def delete_expired_segments(self) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,7 @@ UNIT_ROW = struct.Struct(">qiqq")  # commit-log offset, size, tags code, store t
 QUEUE_ROW = struct.Struct(">qqqq")  # min offset, max offset, newest unit's store time, last activity
 GROUP_ROW = struct.Struct(">qq")  # consumed offset, commit time
 OFFSET = struct.Struct(">q")
+_LAST_ACTIVE = struct.Struct(">q")  # QUEUE_ROW's fourth field, at byte 24
 
 DISPATCHED_KEY = b"dispatched"
 NEXT_QUEUE_KEY = b"next_queue"
@@ -200,14 +201,25 @@ class KvLightQueues:
         with self.env.begin() as txn:
             return txn.stat(self.queues)["entries"]
 
-    def iter_states(self, after: int = -1) -> Iterator[QueueState]:
-        """Every queue, by number, from the first numbered above `after` (one snapshot)."""
+    def idle_queues(self, after: int, horizon: int, limit: int) -> tuple[list[str], int, int]:
+        """Looking at up to `limit` queues numbered above `after`, in number order (one
+        snapshot): the names of those last active at or before `horizon`, the number of the last
+        queue looked at (-1 if none), and how many were looked at."""
+        names: list[str] = []
+        last, looked = -1, 0
+        unpack_active = _LAST_ACTIVE.unpack_from
         with self.env.begin() as txn:
             cursor = txn.cursor(db=self.queues)
             if not cursor.set_range(NUMBER.pack(after + 1)):
-                return
+                return names, last, looked
             for key, value in cursor:
-                yield _queue_state(NUMBER.unpack(key)[0], value)
+                looked += 1
+                if unpack_active(value, 24)[0] <= horizon:
+                    names.append(bytes(value[QUEUE_ROW.size :]).decode("utf-8"))
+                if looked >= limit:
+                    last = NUMBER.unpack(key)[0]
+                    break
+        return names, last, looked
 
     # -- writing ----------------------------------------------------------------------------------
 

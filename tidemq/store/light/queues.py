@@ -62,6 +62,7 @@ _OFFSETS_PREFIX = f"{MULTI_QUEUE_OFFSET}\x01".encode("ascii")
 _OFFSETS_PROPERTY = _OFFSETS_PREFIX  # a producer's own, found in the encoded properties
 _OFFSETS_EXTRA = len(_OFFSETS_PREFIX) + 1
 EXPIRY_SCAN = 50_000  # queues looked at per expiry run (a run resumes where the last stopped)
+EXPIRY_INTERVAL_MS = 60_000  # the maintenance thread runs expiry at most this often
 EXPIRY_DELETE_CHUNK = 256  # queues deleted per hold of the append lock
 
 
@@ -119,6 +120,7 @@ class LightQueues:
         self._dispatched = self.kv.dispatched if self.kv is not None else 0  # in memory; kept by `flush`
         self._held_at_open = self._dispatched  # the tables held every unit of the log below this at open
         self._expiry_after = -1  # the number of the queue the last expiry run stopped at
+        self._last_expiry = 0  # when the maintenance thread last ran expiry (store clock)
 
     # -- where a queue lives ----------------------------------------------------------------------
 
@@ -373,6 +375,13 @@ class LightQueues:
     def consumer_offset(self, group: str, name: str) -> int | None:
         return self.kv.consumer_offset(group, name) if self.kv is not None else None
 
+    def expire_due(self, now: int) -> list[str]:
+        """`expire_idle`, at most once every EXPIRY_INTERVAL_MS (the maintenance thread)."""
+        if now - self._last_expiry < EXPIRY_INTERVAL_MS:
+            return []
+        self._last_expiry = now
+        return self.expire_idle(now)
+
     def expire_idle(self, now: int, scan_limit: int = EXPIRY_SCAN) -> list[str]:
         """Delete key-value light queues idle (no unit, no consumer commit) for `idle_expiry_ms`
         and fully consumed: every group that committed an offset is at the max offset (and one
@@ -382,14 +391,8 @@ class LightQueues:
         if self.kv is None or self.idle_expiry_ms <= 0:
             return []
         horizon = now - self.idle_expiry_ms
-        candidates, last, looked = [], None, 0
-        for state in self.kv.iter_states(self._expiry_after):
-            last, looked = state.number, looked + 1
-            if state.last_active <= horizon:
-                candidates.append(state.name)
-            if looked >= scan_limit:
-                break
-        self._expiry_after = -1 if last is None or looked < scan_limit else last
+        candidates, last, looked = self.kv.idle_queues(self._expiry_after, horizon, scan_limit)
+        self._expiry_after = last if looked >= scan_limit else -1  # from the first again at the end
         kv, log_min = self.kv, self.commit_log.min_offset
 
         def still_expired(txn, state: QueueState) -> bool:
