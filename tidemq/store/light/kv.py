@@ -156,38 +156,22 @@ class KvLightQueues:
             state = self._state(txn, name)
             return self._readable_min(txn, state, min_commit_log_offset) if state is not None else 0
 
-    def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
+    def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False, min_commit_log_offset: int = -1) -> int:
         """As `ConsumeQueue.offset_for_timestamp` (LOWER: the first unit stored at or after
-        `timestamp`; UPPER: the last stored at or before), from the units' own store times."""
+        `timestamp`; UPPER: the last stored at or before), from the units' own store times,
+        over the units whose records are at or past `min_commit_log_offset`."""
         with self.env.begin() as txn:
             state = self._state(txn, name)
             if state is None:
                 return 0
-            lo, hi = state.min_offset, state.max_offset - 1
-            if hi < lo:
-                return state.min_offset
+            number = state.number
 
-            def time_at(q: int) -> int:
-                row = txn.get(UNIT_KEY.pack(state.number, q), db=self.units)
+            def time_at(slot: int) -> int:
+                row = txn.get(UNIT_KEY.pack(number, slot), db=self.units)
                 return UNIT_ROW.unpack(row)[3] if row is not None else -1
 
-            if not upper:
-                left, right = lo, hi + 1
-                while left < right:
-                    middle = (left + right) // 2
-                    if time_at(middle) < timestamp:
-                        left = middle + 1
-                    else:
-                        right = middle
-                return min(left, state.max_offset)
-            left, right = lo - 1, hi
-            while left < right:
-                middle = (left + right + 1) // 2
-                if time_at(middle) <= timestamp:
-                    left = middle
-                else:
-                    right = middle - 1
-            return max(left, state.min_offset)
+            low = self._readable_min(txn, state, min_commit_log_offset)
+            return offset_by_time(low, state.max_offset, time_at, timestamp, upper)
 
     def consumer_offset(self, group: str, name: str) -> int | None:
         with self.env.begin() as txn:
@@ -390,3 +374,26 @@ def _delete_prefixed(cursor, prefix: bytes, start: bytes) -> None:
     while cursor.key()[: len(prefix)] == prefix:
         if not cursor.delete():  # the cursor is past the last key
             break
+
+
+def offset_by_time(low: int, high: int, time_at: Callable[[int], int], timestamp: int, upper: bool) -> int:
+    """Over the slots [low, high), whose store times (`time_at`, -1 for a record that is gone)
+    do not decrease: LOWER, the first slot stored at or after `timestamp` (high if none); UPPER,
+    the last stored at or before it (low if none)."""
+    if upper:
+        left, right = low - 1, high - 1
+        while left < right:
+            middle = (left + right + 1) // 2
+            if time_at(middle) <= timestamp:
+                left = middle
+            else:
+                right = middle - 1
+        return max(left, low)
+    left, right = low, high
+    while left < right:
+        middle = (left + right) // 2
+        if time_at(middle) < timestamp:
+            left = middle + 1
+        else:
+            right = middle
+    return left

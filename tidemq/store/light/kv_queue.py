@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..queues.consume_queue import Unit
-from .kv import KvLightQueues
+from .kv import KvLightQueues, offset_by_time
 
 LIGHT_QUEUE_ID = 0
 
@@ -118,23 +118,7 @@ class KvQueue:
             found = store_time_of(unit[0]) if unit is not None else None
             return -1 if found is None else found
 
-        if not upper:
-            left, right = low, high
-            while left < right:
-                middle = (left + right) // 2
-                if time_at(middle) < timestamp:
-                    left = middle + 1
-                else:
-                    right = middle
-            return left
-        left, right = low - 1, high - 1
-        while left < right:
-            middle = (left + right + 1) // 2
-            if time_at(middle) <= timestamp:
-                left = middle
-            else:
-                right = middle - 1
-        return max(left, low)
+        return offset_by_time(low, high, time_at, timestamp, upper)
 
     # -- maintenance ----------------------------------------------------------------------------
 

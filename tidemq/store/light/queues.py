@@ -356,7 +356,7 @@ class LightQueues:
         return self.kv.bounds(name)[1] if self.kv is not None else 0
 
     def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
-        return self.kv.offset_for_timestamp(name, timestamp, upper) if self.kv is not None else 0
+        return self.kv.offset_for_timestamp(name, timestamp, upper, self.commit_log.min_offset) if self.kv is not None else 0
 
     def count(self) -> int:
         """Live light queues (key-value and file)."""
