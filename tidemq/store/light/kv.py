@@ -36,7 +36,7 @@ from pathlib import Path
 
 import lmdb
 
-from ..queues.consume_queue import Unit
+from ..queues.consume_queue import Unit, offset_by_time
 
 NUMBER = struct.Struct(">Q")
 UNIT_KEY = struct.Struct(">QQ")  # queue number, queue offset
@@ -375,25 +375,3 @@ def _delete_prefixed(cursor, prefix: bytes, start: bytes) -> None:
         if not cursor.delete():  # the cursor is past the last key
             break
 
-
-def offset_by_time(low: int, high: int, time_at: Callable[[int], int], timestamp: int, upper: bool) -> int:
-    """Over the slots [low, high), whose store times (`time_at`, -1 for a record that is gone)
-    do not decrease: LOWER, the first slot stored at or after `timestamp` (high if none); UPPER,
-    the last stored at or before it (low if none)."""
-    if upper:
-        left, right = low - 1, high - 1
-        while left < right:
-            middle = (left + right + 1) // 2
-            if time_at(middle) <= timestamp:
-                left = middle
-            else:
-                right = middle - 1
-        return max(left, low)
-    left, right = low, high
-    while left < right:
-        middle = (left + right) // 2
-        if time_at(middle) < timestamp:
-            left = middle + 1
-        else:
-            right = middle
-    return left

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..queues.consume_queue import Unit
-from .kv import KvLightQueues, offset_by_time
+from ..queues.consume_queue import Unit, offset_by_time
+from .kv import KvLightQueues
 
 LIGHT_QUEUE_ID = 0
 

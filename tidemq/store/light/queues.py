@@ -40,7 +40,13 @@ from ..dispatch.requests import QueueKey, builds_queue_entry
 from ..errors import InvalidMessageError
 from ..format import record
 from ..format.scan import scan
-from ..format.special_queues import LMQ_PREFIX, LMQ_QUEUE_ID, MULTI_DISPATCH_SEPARATOR, RETRY_PREFIX, SCHEDULE_TOPIC
+from ..format.special_queues import (
+    LMQ_PREFIX,
+    LMQ_QUEUE_ID,
+    MULTI_DISPATCH_SEPARATOR,
+    RETRY_PREFIX,
+    SCHEDULE_TOPIC,
+)
 from ..queues.consume_queue import Unit
 from ..queues.queue_set import ConsumeQueueStore
 from .kv import UNIT_KEY, UNIT_ROW, KvLightQueues, QueueState

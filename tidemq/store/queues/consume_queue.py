@@ -638,32 +638,11 @@ class ConsumeQueue:
         `store_time_of(commit_log_offset)` reads a record's store time, or None if that record is
         gone (treated as older than everything).  LOWER (default): the first entry with store time
         ≥ timestamp; UPPER: the last entry with store time ≤ timestamp.  Clamped to [min, max]."""
-        lo, hi = self.min_offset, self.commit_frontier - 1
-        if hi < lo:
-            return self.min_offset
-
         def time_at(q: int) -> int:
             t = store_time_of(self._unit_at(q)[0])
             return -1 if t is None else t
 
-        if not upper:
-            # first q with time >= timestamp
-            left, right = lo, hi + 1
-            while left < right:
-                mid = (left + right) // 2
-                if time_at(mid) < timestamp:
-                    left = mid + 1
-                else:
-                    right = mid
-            return min(left, self.commit_frontier)
-        left, right = lo - 1, hi  # last q with time <= timestamp
-        while left < right:
-            mid = (left + right + 1) // 2
-            if time_at(mid) <= timestamp:
-                left = mid
-            else:
-                right = mid - 1
-        return max(left, self.min_offset)
+        return offset_by_time(self.min_offset, self.commit_frontier, time_at, timestamp, upper)
 
     def iter_units(self) -> Iterator[Unit]:
         """Every committed unit, blanks excluded (for checks)."""
@@ -747,3 +726,26 @@ class ConsumeQueue:
             for p in self.directory.iterdir():
                 p.unlink()
             self.directory.rmdir()
+
+
+def offset_by_time(low: int, high: int, time_at: Callable[[int], int], timestamp: int, upper: bool) -> int:
+    """Over the slots [low, high), whose store times (`time_at`, -1 for a record that is gone)
+    do not decrease: LOWER, the first slot stored at or after `timestamp` (high if none); UPPER,
+    the last stored at or before it (low if none)."""
+    if upper:
+        left, right = low - 1, high - 1
+        while left < right:
+            middle = (left + right + 1) // 2
+            if time_at(middle) <= timestamp:
+                left = middle
+            else:
+                right = middle - 1
+        return max(left, low)
+    left, right = low, high
+    while left < right:
+        middle = (left + right) // 2
+        if time_at(middle) < timestamp:
+            left = middle + 1
+        else:
+            right = middle
+    return left
