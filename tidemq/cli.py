@@ -38,6 +38,15 @@ def _store_inspect(args: argparse.Namespace) -> int:
     print(f"queues: {len(queues)}")
     for q in queues:
         print(f"  {q.topic}/{q.queue_id}  min {q.min_offset}  max {q.max_offset}")
+    from .store.light.kv import offline_count
+    from .store.light.queues import KV_DIRECTORY
+
+    light = offline_count(Path(args.dir) / KV_DIRECTORY)
+    files = sum(1 for q in queues if q.topic.startswith("%LMQ%"))
+    if light is not None or files:
+        count, dispatched = light or (0, 0)
+        print(f"light queues: {count + files} ({count} in the key-value tables, dispatched to offset {dispatched}; "
+              f"{files} file queues)")
     return 0
 
 

@@ -3,6 +3,7 @@ light queue: the key-value tables ("kv") and RocketMQ's file queues ("file")."""
 
 import pytest
 
+from tidemq.cli import main as cli_main
 from tidemq.store import Message, MessageStore, StoreConfig
 from tidemq.store.errors import InvalidMessageError
 
@@ -48,7 +49,7 @@ def test_one_message_to_three_light_queues_is_stored_once_and_read_from_each(tmp
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_light_queues_survive_a_clean_reopen(tmp_path, backend):
+def test_light_queues_survive_a_clean_reopen(tmp_path, backend, capsys):
     with MessageStore(tmp_path, config(backend)) as store:
         for i in range(5):
             store.put(light(["%LMQ%x", f"%LMQ%y{i % 2}"], body=b"%d" % i))
@@ -58,6 +59,10 @@ def test_light_queues_survive_a_clean_reopen(tmp_path, backend):
         result = store.put(light(["%LMQ%x"], body=b"next"))
         store.wait_dispatched()
         assert store.get("%LMQ%x", 0, 5).messages[0].commit_log_offset == result.commit_log_offset
+    assert cli_main(["store", "inspect", str(tmp_path)]) == 0
+    kv, files = (3, 0) if backend == "kv" else (0, 3)
+    out = capsys.readouterr().out
+    assert f"light queues: 3 ({kv} in the key-value tables" in out and f"; {files} file queues)" in out
 
 
 def test_a_producer_cannot_set_the_offsets_nor_put_to_a_light_queue(tmp_path):

@@ -367,6 +367,22 @@ class KvLightQueues:
         self.env.close()
 
 
+def offline_count(directory: Path | str) -> tuple[int, int] | None:
+    """(light queues, dispatched mark) of the tables in `directory`, read-only (safe beside a
+    store that has them open), or None if there are none."""
+    if not (Path(directory) / "data.mdb").is_file():
+        return None
+    env = lmdb.open(str(directory), readonly=True, max_dbs=8, max_readers=1024, create=False)
+    try:
+        with env.begin() as txn:
+            queues = env.open_db(b"queues", txn=txn, create=False)
+            meta = env.open_db(b"meta", txn=txn, create=False)
+            dispatched = txn.get(DISPATCHED_KEY, db=meta)
+            return txn.stat(queues)["entries"], OFFSET.unpack(dispatched)[0] if dispatched is not None else 0
+    finally:
+        env.close()
+
+
 def _delete_prefixed(cursor, prefix: bytes, start: bytes) -> None:
     """Delete the keys from `start` on that begin with `prefix` (a queue number)."""
     if not cursor.set_range(start):
