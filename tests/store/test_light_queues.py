@@ -1,6 +1,10 @@
 """Light message queues (RIP-28 multi-dispatch) through the store's facade, for both homes of a
 light queue: the key-value tables ("kv") and RocketMQ's file queues ("file")."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from tidemq.cli import main as cli_main
@@ -173,3 +177,35 @@ def test_expiry_runs_resume_where_the_last_stopped(tmp_path):
         runs = [queues.expire_idle(now[0], scan_limit=2) for _ in range(3)]
         assert [len(run) for run in runs] == [2, 2, 1] and sorted(name for run in runs for name in run) == names
         assert queues.count() == 0
+
+
+DISK_FULL_CHILD = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from tidemq.store import *
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    store = MessageStore(sys.argv[1], StoreConfig(segment_size=65536, dispatch_workers=0))
+    message = lambda: Message(topic="t", body=b"z" * 500, properties={"INNER_MULTI_DISPATCH": "%LMQ%a,%LMQ%b"})
+    store.put(message())
+    store.wait_dispatched()
+    # the disk refuses to grow any file past 64 KiB - 1: the next segment cannot be made
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65535, hard))
+    try:
+        store.put_batch([message() for _ in range(300)])
+    except StoreIOError as exc:
+        print("stored", 1 + exc.stored, flush=True)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # room again: dispatch goes on
+    store.wait_dispatched()
+    print("offsets", store.assigned_offset("%LMQ%a", 0), store.max_offset("%LMQ%a", 0), store.max_offset("%LMQ%b", 0), flush=True)
+    """
+)
+
+
+def test_a_batch_cut_short_by_the_disk_gives_back_its_light_queue_offsets(tmp_path):
+    child = subprocess.run([sys.executable, "-c", DISK_FULL_CHILD, str(tmp_path)], capture_output=True, text=True, timeout=120, check=True)
+    lines = dict(line.split(" ", 1) for line in child.stdout.splitlines())
+    stored = int(lines["stored"])
+    assert 1 < stored < 301, child.stderr
+    # every offset handed out belongs to a stored message: no gap for the next one to leave
+    assert lines["offsets"].split() == [str(stored)] * 3
