@@ -360,7 +360,7 @@ def test_dispatch_lag_before_anything_is_dispatched_is_the_age_of_the_oldest_wai
             gate.set()
         age = results[-1].store_timestamp - results[0].store_timestamp  # 500 ms on the store's clock
         assert lag.bytes == results[-1].commit_log_offset + results[-1].size and lag.milliseconds == age
-        assert lag.sinks == {"consume_queue": (lag.bytes, age), "key_index": (lag.bytes, age)}
+        assert lag.sinks == {"consume_queue": (lag.bytes, age), "key_index": (lag.bytes, age), "light_queue": (lag.bytes, age)}
         assert store.wait_dispatched()
         assert store.dispatch_lag().milliseconds == 0
 
@@ -375,7 +375,7 @@ def test_dispatch_lag_per_sink_live_and_offline(tmp_path, capsys):
         assert store.wait_dispatched()
         lag = store.dispatch_lag()
         assert (lag.bytes, lag.milliseconds) == (0, 0)
-        assert lag.sinks == {"consume_queue": (0, 0), "key_index": (0, 0)}
+        assert lag.sinks == {"consume_queue": (0, 0), "key_index": (0, 0), "light_queue": (0, 0)}
     newest = results[-1]
     # live: a dispatcher stopped part way
     log = CommitLog(store_dir / "commitlog")
