@@ -451,22 +451,21 @@ class MessageStore:
     def _append(self, messages) -> tuple[list[PutResult], int]:
         if self._closed:
             raise StoreClosedError("the store is closed")
-        light, multi = self.light_queues, None
-        if light is not None:
-            multi = light.check(messages)  # raises before anything is stored
+        light = self.light_queues
+        multi = light.check(messages) if light is not None else None  # raises before anything is stored
         prepared = self._encoder.prepare_all(messages)  # raises before anything is stored
-        if multi:
+        if light is not None and multi:
             light.fit(multi, prepared)
         results: list[PutResult] = []
         with self._append_lock:
             if self._closed:
                 raise StoreClosedError("the store is closed")
             store_timestamp = self.clock()
-            taken = light.assign(multi, prepared) if multi else None
+            taken = light.assign(multi, prepared) if light is not None and multi else None
             try:
                 self._append_locked(messages, prepared, store_timestamp, results)
             except BaseException as exc:
-                if taken:
+                if light is not None and taken:
                     light.unassign(taken, len(results))
                 if not isinstance(exc, OSError):
                     raise
