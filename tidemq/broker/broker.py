@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from ..store import Message, MessageStore, record
-from . import clock, fifo, timers, validation
+from . import clock, fifo, lite, timers, validation
 from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
@@ -28,7 +28,7 @@ from .publishing import PeerHost, Publisher
 from .sessions import ServerSettings, Sessions
 from .timers import TimerService
 from .transactions import Transactions
-from .types import PRIORITY, TRANSACTION, Publish, Received, ReceiveRequest, SendResult
+from .types import LITE, PRIORITY, TRANSACTION, Publish, Received, ReceiveRequest, SendResult
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Broker:
         self.priority = PriorityPop(self.config.priority_retry_first_percent)
         self.timers = TimerService(store, store.directory / "config", self.clock, self.publisher.put)
         self._timer_task: asyncio.Task | None = None
+        self.lite = self.publisher.lite = lite.Lite(self)
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -91,6 +92,7 @@ class Broker:
         loop = self._loop
         if loop is not None and not loop.is_closed():
             topics = {topic for topic, _ in changes}
+            topics.update([bind for bind, _ in filter(None, map(lite.parse_lite_queue, topics))])
             try:
                 loop.call_soon_threadsafe(self.long_polling.notify, topics)
             except RuntimeError:
@@ -105,6 +107,7 @@ class Broker:
                 self.save_consumer_offsets()
                 if self.journal.needs_compaction():
                     self.journal.compact(self.subscriptions.values())
+                self.lite.expire(self.clock())
                 self.sessions.expire(self.clock())
             except Exception:
                 log.exception("broker maintenance failed")
@@ -190,6 +193,8 @@ class Broker:
         topic = self.metadata.topics.get(name)
         if topic is not None:
             return topic
+        if lite.is_lmq(name):  # a light queue: no metadata behind it
+            return lite.light_queue_config(name)
         if name.startswith(DLQ_PREFIX):
             return self.metadata.put_topic(TopicConfig(name, queue_nums=1))
         if create and self.config.auto_create_topic_enable:
@@ -207,7 +212,7 @@ class Broker:
         raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist")
 
     def route(self, topic_name: str) -> TopicConfig:
-        validation.check_topic_name(topic_name, self.config)
+        self._check_topic(topic_name)
         return self.topic(topic_name)
 
     # -- clients --------------------------------------------------------------------------------
@@ -219,6 +224,8 @@ class Broker:
         session = self.sessions.touch(client_id, self.clock())
         session.client_type, session.group, session.topics = client_type, group, topics
         group_config = self.group(group) if group else None
+        if client_type in lite.LITE_CONSUMER_TYPES and group_config is not None and topics:
+            self.lite.bind(group_config, topics[0])
         if fifo_requested and group_config is not None and not group_config.fifo:
             log.info("consumer group %s made FIFO: client %s asked for it", group, client_id)
             group_config.fifo = True
@@ -231,6 +238,8 @@ class Broker:
             retry_backoff_ms=tuple(group_config.retry_backoff_ms) if group_config else (),
             long_polling_timeout_ms=self.config.long_polling_timeout_ms,
             fifo=group_config.fifo if group_config else False,
+            lite_subscription_quota=self.config.lite_subscription_quota,
+            max_lite_topic_size=self.config.max_lite_topic_size,
         )
 
     def heartbeat(self, client_id: str, client_type: str, group: str) -> None:
@@ -261,6 +270,7 @@ class Broker:
         now = self.clock()
         self.sessions.terminate(client_id, now)
         self.long_polling.notify_client(client_id)
+        self.lite.client_gone(client_id)
         for sub in self.subscriptions.values():
             for q in sub.queues.values():
                 for d in list(q.in_flight.values()):
@@ -310,6 +320,8 @@ class Broker:
 
     async def receive(self, req: ReceiveRequest) -> list[Received]:
         topic, group, tag_filter = self.check_receive(req)
+        if topic.message_type == LITE and not lite.is_lmq(topic.name) or group.lite_bind_topic:
+            return await self.lite.receive(req, topic, group, tag_filter)
         sub = self._subscription(group.name, topic.name)
         give_up = self.clock() + req.poll_ms
         while True:
@@ -327,6 +339,14 @@ class Broker:
             if due is not None:
                 remaining = min(remaining, max(0, due - self.clock()))
             await self.long_polling.wait(topic.name, req.client_id, remaining)
+
+    def move_cursor(self, group: str, topic: str, queue_id: int, cursor: int) -> None:
+        """Move the group's read cursor on a queue forward to `cursor` (journaled first)."""
+        try:
+            self.journal.append(["p", group, topic, [[queue_id, cursor]], []])
+        except JournalWriteError as exc:
+            raise _journal_refused(exc, "the new read position") from None
+        self._subscription(group, topic).advance(queue_id, cursor)
 
     def _subscription(self, group: str, topic: str) -> Subscription:
         sub = self.subscriptions.get((group, topic))
@@ -382,6 +402,9 @@ class Broker:
             if journal_deliveries:
                 self._schedule_wake(sub.topic, until)
         self.stats["delivered"] += len(out)
+        if lite.is_lmq(sub.topic):
+            for received in out:
+                received.queue_topic = sub.topic
         if dead:
             self._move_to_dead_letters(sub, group, dead, now)
         return out
@@ -404,7 +427,7 @@ class Broker:
         """Deliver the due delivery `d` again, drop it (gone, or filtered out), or mark it for the
         dead-letter queue (past the group's max attempts); `replaced` gets the deliveries it replaces."""
         rec = self.store.read_record(d.commit_log_offset)
-        if rec is None or rec.queue_offset != d.queue_offset or rec.topic != sub.topic:
+        if rec is None or (rec.queue_offset != d.queue_offset or rec.topic != sub.topic) and not lite.is_lmq(sub.topic):
             sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
             self._journal_done(sub, d)
             return
@@ -542,7 +565,10 @@ class Broker:
 
     def _check_topic(self, topic: str) -> None:
         if topic not in self._valid_topics:
-            validation.check_topic_name(topic, self.config)
+            if lite.is_lmq(topic):
+                lite.check_lmq_name(topic, self.config)
+            else:
+                validation.check_topic_name(topic, self.config)
             if len(self._valid_topics) < 100_000:
                 self._valid_topics.add(topic)
 
@@ -634,6 +660,8 @@ class Broker:
                 properties.setdefault(PROPERTY_RETRY_TOPIC, rec.topic)
                 properties.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, rec.msg_id)
                 properties[PROPERTY_MAX_RECONSUME_TIMES] = str(group.retry_max_times)
+                properties.pop(lite.PROPERTY_MULTI_DISPATCH, None)  # the copy goes to the DLQ only
+                properties.pop(lite.PROPERTY_MULTI_QUEUE_OFFSET, None)
                 try:
                     await self.publisher.put([Message(
                         topic=dlq.name, body=rec.body_bytes, queue_id=0, properties=properties,

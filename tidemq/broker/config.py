@@ -43,6 +43,9 @@ class BrokerConfig:
     # share of a priority topic's pops, in percent, that serve a level's due redeliveries before its
     # fresh messages; 0: a redelivery ranks just below the fresh messages of its level
     priority_retry_first_percent: int = 0  # popFromRetryProbabilityForPriority
+    lite_subscription_quota: int = 1200  # lite topics one lite consumer may subscribe (liteSubClientQuota)
+    max_lite_topic_size: int = 64  # characters of a lite topic name (maxLiteTopicSize)
+    lite_topic_quota: int = 10_000_000  # lite topics of one bind topic (maxLiteTopicCount)
     advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
     # the one clock of deadlines, long polling and timers (clock.py)
     clock: Clock = field(default_factory=WallClock, repr=False)

@@ -49,7 +49,8 @@ MESSAGE_TYPE_ATTRIBUTE = "message.type"
 # dataclass field -> RocketMQ key (queue_nums sets both read and write queue numbers)
 TOPIC_KEYS = {"name": "topicName", "perm": "perm"}
 TOPIC_ATTRIBUTE_KEYS = {"message_type": MESSAGE_TYPE_ATTRIBUTE}
-GROUP_KEYS = {"name": "groupName", "retry_max_times": "retryMaxTimes", "fifo": "consumeMessageOrderly"}
+GROUP_KEYS = {"name": "groupName", "retry_max_times": "retryMaxTimes", "fifo": "consumeMessageOrderly",
+              "lite_bind_topic": "liteBindTopic"}
 
 # what RocketMQ 5.5.0 writes for a new entry, before tidemq's settings
 TOPIC_DEFAULTS = {"topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}

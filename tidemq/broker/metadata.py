@@ -52,6 +52,7 @@ class GroupConfig:
     retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
     retry_backoff_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_BACKOFF_MS))
     fifo: bool = False  # consumeMessageOrderly: each message group is delivered in order
+    lite_bind_topic: str = ""  # liteBindTopic: a lite group consumes lite topics of this topic only
 
     @property
     def max_delivery_attempts(self) -> int:

@@ -29,13 +29,14 @@ from .codes import BrokerError, Code
 from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
-from .types import DELAY, FIFO, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
+from .types import DELAY, FIFO, LITE, NORMAL, PRIORITY, TRANSACTION, Publish, SendResult
 from .withdrawn import Withdrawn
 
 if TYPE_CHECKING:
+    from .lite import Lite
     from .transactions import Transactions
 
-SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY, DELAY})
+SUPPORTED_TYPES = frozenset({NORMAL, FIFO, TRANSACTION, PRIORITY, DELAY, LITE})
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Publisher:
         self.topic = topic  # the broker's topic lookup (creates on first use when allowed)
         self.stats = stats
         self.transactions: Transactions  # makes TRANSACTION sends half messages; set by the broker
+        self.lite: Lite  # a LITE message's dispatch into its lite topic's light queue; set by the broker
         self._put_inline = store.config.flush != FLUSH_SYNC
         self._durable: DurableFutures | None = None  # made on the event loop, at the first sync-flush send
         self.withdrawn = Withdrawn(store.directory / "pop")  # appended, then reported failed: never delivered
@@ -71,7 +73,7 @@ class Publisher:
         if msg.message_group is not None:
             validation.check_message_group(msg.message_group, cfg)
         if msg.lite_topic is not None:
-            validation.check_lite_topic(msg.lite_topic)
+            validation.check_lite_topic(msg.lite_topic, cfg.max_lite_topic_size)
         # without properties or keys only a tag of more than a quarter of the limit in characters
         # (4 UTF-8 bytes at most each) can exceed it
         if msg.properties or msg.keys or (msg.tag and len(msg.tag) * 4 > cfg.max_user_property_bytes):
@@ -110,6 +112,12 @@ class Publisher:
                 continue
             properties = dict(msg.properties)
             properties[record.PROPERTY_UNIQ_KEY] = msg.message_id
+            if msg.message_type == LITE:
+                try:
+                    self.lite.dispatch_properties(topic.name, msg.lite_topic, properties)
+                except BrokerError as exc:
+                    results[i] = exc
+                    continue
             if msg.message_group:  # its queue by hash, as RocketMQ's proxy picks it
                 qid = fifo.queue_for_group(msg.message_group, topic.queue_nums)
                 properties[fifo.PROPERTY_SHARDING_KEY] = msg.message_group

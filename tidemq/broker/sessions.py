@@ -34,6 +34,8 @@ class ServerSettings:
     retry_backoff_ms: tuple[int, ...]  # push consumers: invisible time of the n-th nack
     long_polling_timeout_ms: int
     fifo: bool = False
+    lite_subscription_quota: int = 1200  # lite consumers: lite topics one client may subscribe
+    max_lite_topic_size: int = 64
 
 
 class Sessions:

@@ -65,3 +65,4 @@ class Received:
     receipt_handle: str
     delivery_attempt: int
     invisible_until: int  # ms
+    queue_topic: str = ""  # the light queue it was popped from, "" for the receive's own topic

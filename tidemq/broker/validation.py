@@ -48,6 +48,11 @@ RESERVED_PROPERTIES = frozenset({
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
+def valid_name(name: str) -> bool:
+    """Whether `name` has only the characters a topic or group name may have."""
+    return _NAME.match(name) is not None
+
+
 def has_control_character(text: str) -> bool:
     return _CONTROL.search(text) is not None
 

@@ -6,6 +6,7 @@ from functools import lru_cache
 from hashlib import md5
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
+from ...broker import lite
 from ...broker import priority as priorities
 from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
@@ -150,14 +151,16 @@ def _ms(timestamp) -> int:
 
 
 def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, handle: str, attempt: int,
-                           invisible_ms: int) -> None:
+                           invisible_ms: int, topic_name: str = "") -> None:
     """Write a delivered record into the empty message `m` (in place: the caller passes the
-    message field of the stream response, so nothing is copied)."""
+    message field of the stream response, so nothing is copied).  `topic_name`: the topic it is
+    delivered from when that is not the record's own (a light queue)."""
     body = rec.body_bytes
     properties = rec.properties
     m.body = body
     topic = m.topic
-    topic.name = plain_name(rec.topic, namespace) if namespace else rec.topic
+    name = topic_name or rec.topic
+    topic.name = plain_name(name, namespace) if namespace else name
     if namespace:
         topic.resource_namespace = namespace
     if not _DELIVERY_PROPERTIES.issuperset(properties):
@@ -180,6 +183,9 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     message_group = properties.get(PROPERTY_SHARDING_KEY)
     if message_group:
         sp.message_group = message_group
+    lite_topic = properties.get(lite.PROPERTY_LITE_TOPIC)
+    if lite_topic:
+        sp.lite_topic = lite_topic
     sp.message_type = delivered_message_type(properties)
     priority = priorities.parse(properties.get(priorities.PROPERTY_PRIORITY))
     if priority is not None:
@@ -212,6 +218,8 @@ def delivered_message_type(properties: dict[str, str]) -> int:
         return pb.FIFO
     if priorities.PROPERTY_PRIORITY in properties:
         return pb.PRIORITY
+    if lite.PROPERTY_LITE_TOPIC in properties:
+        return pb.LITE
     return pb.NORMAL
 
 
@@ -230,6 +238,31 @@ def _set_ms(timestamp_or_duration, ms: int) -> None:
     seconds, millis = divmod(ms, 1000)
     timestamp_or_duration.seconds = seconds
     timestamp_or_duration.nanos = millis * 1_000_000
+
+
+LITE_ACTIONS = {pb.PARTIAL_ADD: lite.PARTIAL_ADD, pb.PARTIAL_REMOVE: lite.PARTIAL_REMOVE,
+                pb.COMPLETE_ADD: lite.COMPLETE_ADD, pb.COMPLETE_REMOVE: lite.COMPLETE_REMOVE}
+_OFFSET_POLICIES = {0: "LAST", 1: "MIN", 2: "MAX"}
+
+
+def offset_option(request) -> lite.OffsetOption | None:
+    """The OffsetOption of a SyncLiteSubscriptionRequest, None when it has none."""
+    if not request.HasField("offset_option"):
+        return None
+    option = request.offset_option
+    which = option.WhichOneof("offset_type")
+    policy = _OFFSET_POLICIES.get(option.policy) if which == "policy" else "LAST"
+    if policy is None:
+        raise BrokerError(Code.BAD_REQUEST, f"unknown offset policy {option.policy}")
+    if which in ("offset", "tail_n", "timestamp") and getattr(option, which) < 0:
+        raise BrokerError(Code.ILLEGAL_OFFSET, f"offset option {which} {getattr(option, which)} is negative")
+    return lite.OffsetOption(policy=policy, **({which: getattr(option, which)} if which in ("offset", "tail_n", "timestamp") else {}))
+
+
+def unsubscribe_lite(command: lite.UnsubscribeLite) -> svc.TelemetryCommand:
+    out = svc.TelemetryCommand()
+    out.notify_unsubscribe_lite_command.lite_topic = command.lite_topic
+    return out
 
 
 def recover_orphaned_transaction(check: TransactionCheck, namespace: str) -> svc.TelemetryCommand:
@@ -267,6 +300,6 @@ def server_settings(client: pb.Settings, server: ServerSettings) -> pb.Settings:
         if client.client_type in (pb.PUSH_CONSUMER, pb.LITE_PUSH_CONSUMER):
             sub.receive_batch_size = 32
             sub.long_polling_timeout.FromMilliseconds(server.long_polling_timeout_ms)
-        sub.lite_subscription_quota = 1200
-        sub.max_lite_topic_size = 64
+        sub.lite_subscription_quota = server.lite_subscription_quota
+        sub.max_lite_topic_size = server.max_lite_topic_size
     return settings

@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 
-from ...broker import Broker, BrokerError, Code, Publish, ReceiveRequest, validation
+from ...broker import Broker, BrokerError, Code, Publish, ReceiveRequest, lite, validation
 from . import convert
 from .stubs import pb, svc
 from .transport import BIDI_STREAM, SERVER_STREAM, UNARY, Method, Rpc
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 SERVICE = "apache.rocketmq.v2.MessagingService"
 CLIENT_ID_HEADER = "x-mq-client-id"
 NAMESPACE_HEADER = "x-mq-namespace"
+LANGUAGE_HEADER = "x-mq-language"
 POLL_MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
 _RECEIVE_OK = svc.ReceiveMessageResponse(status=convert.OK)  # first response of a receive that found messages
 _UNDECODABLE = object()  # a Telemetry message that is not a TelemetryCommand
@@ -219,7 +220,8 @@ class MessagingService:
         def unwritten(count: int) -> None:
             count = min(count - 1, len(received))  # the delivery timestamp is the last response
             if count > 0:
-                self.broker.release(req.group, req.topic, [r.receipt_handle for r in received[-count:]])
+                for queue, handles in _by_queue(req.topic, [(r.queue_topic, r.receipt_handle) for r in received[-count:]]):
+                    self.broker.release(req.group, queue, handles)
 
         rpc.on_unwritten = unwritten
         namespace = request.message_queue.topic.resource_namespace
@@ -229,7 +231,8 @@ class MessagingService:
         try:
             for r in received:
                 response = svc.ReceiveMessageResponse()
-                fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt, r.invisible_until - now)
+                fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt, r.invisible_until - now,
+                     lite.delivered_topic(r, "") if r.queue_topic else "")
                 responses.append(response)
         except Exception:
             unwritten(len(received) + 1)  # none will be written: release them all
@@ -241,8 +244,15 @@ class MessagingService:
     def AckMessage(self, request, rpc):
         if not request.entries:
             raise BrokerError(Code.BAD_REQUEST, "no entry to ack")
-        failures = self.broker.ack_many(convert.resource_name(request.group), convert.resource_name(request.topic),
-                                        [entry.receipt_handle for entry in request.entries])
+        group, topic = convert.resource_name(request.group), convert.resource_name(request.topic)
+        failures: list = [None] * len(request.entries)
+        entries_by_queue: dict[str, list[int]] = {}
+        for i, entry in enumerate(request.entries):  # a lite message is acked on its lite topic's queue
+            entries_by_queue.setdefault(lite.queue_of(topic, entry.lite_topic), []).append(i)
+        for queue, indexes in entries_by_queue.items():
+            results = self.broker.ack_many(group, queue, [request.entries[i].receipt_handle for i in indexes])
+            for i, failure in zip(indexes, results):
+                failures[i] = failure
         response = svc.AckMessageResponse()
         entries = response.entries
         for entry, failure in zip(request.entries, failures):
@@ -255,8 +265,8 @@ class MessagingService:
         handle = request.receipt_handle
         try:
             _require(_client_id(rpc))
-            handle = self.broker.change_invisible(convert.resource_name(request.group),
-                                                  convert.resource_name(request.topic), request.receipt_handle,
+            topic = lite.queue_of(convert.resource_name(request.topic), request.lite_topic)
+            handle = self.broker.change_invisible(convert.resource_name(request.group), topic, request.receipt_handle,
                                                   request.invisible_duration.ToMilliseconds())
             result_status = convert.OK
         except BrokerError as exc:
@@ -268,8 +278,8 @@ class MessagingService:
 
     @unary(svc.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(self, request, rpc):
-        await self.broker.forward_to_dead_letter(convert.resource_name(request.group), convert.resource_name(request.topic),
-                                                 request.receipt_handle)
+        topic = lite.queue_of(convert.resource_name(request.topic), request.lite_topic)
+        await self.broker.forward_to_dead_letter(convert.resource_name(request.group), topic, request.receipt_handle)
         return svc.ForwardMessageToDeadLetterQueueResponse(status=convert.OK)
 
     @unary(svc.NotifyClientTerminationResponse)
@@ -292,7 +302,7 @@ class MessagingService:
                         next_command = asyncio.ensure_future(commands.get())
                     await asyncio.wait((read, closing, next_command), return_when=asyncio.FIRST_COMPLETED)
                     if next_command.done():
-                        await rpc.write(convert.recover_orphaned_transaction(next_command.result(), namespace))
+                        await rpc.write(_command(next_command.result(), namespace))
                         next_command = None
                     elif closing.done():  # shutting down: end the stream, the client reconnects elsewhere
                         return
@@ -338,5 +348,30 @@ class MessagingService:
         message_id = await self.broker.recall(convert.resource_name(request.topic), request.recall_handle)
         return svc.RecallMessageResponse(status=convert.OK, message_id=message_id)
 
+    @unary(svc.SyncLiteSubscriptionResponse)
     def SyncLiteSubscription(self, request, rpc):
-        return svc.SyncLiteSubscriptionResponse(status=convert.status(Code.NOT_IMPLEMENTED, "lite topics are not supported yet"))
+        action = convert.LITE_ACTIONS.get(request.action)
+        if action is None:
+            raise BrokerError(Code.BAD_REQUEST, f"unknown lite subscription action {request.action}")
+        names = list(request.lite_topic_set)
+        if action == lite.PARTIAL_ADD and rpc.metadata_value(LANGUAGE_HEADER) == "PYTHON":
+            names = lite.python_partial_add(names)
+        self.broker.lite.sync(_client_id(rpc), convert.resource_name(request.group), convert.resource_name(request.topic),
+                              action, names, request.version if request.HasField("version") else None,
+                              convert.offset_option(request))
+        return svc.SyncLiteSubscriptionResponse(status=convert.OK)
+
+
+def _command(command, namespace: str) -> svc.TelemetryCommand:
+    """The telemetry command for a broker's command to a client."""
+    if isinstance(command, lite.UnsubscribeLite):
+        return convert.unsubscribe_lite(command)
+    return convert.recover_orphaned_transaction(command, namespace)
+
+
+def _by_queue(topic: str, handles: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """(queue topic, receipt handle) pairs grouped by queue; "" is `topic`."""
+    groups: dict[str, list[str]] = {}
+    for queue, handle in handles:
+        groups.setdefault(queue or topic, []).append(handle)
+    return list(groups.items())

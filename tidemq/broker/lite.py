@@ -1,0 +1,430 @@
+"""Lite topics (RocketMQ 5.5's RIP-83) over light message queues.
+
+A LITE message goes to its bind topic B with a lite topic L: it is stored once, in B, and the
+store multi-dispatches it into the light queue `%LMQ%$B$L` (one queue, id 0), as RocketMQ's
+LiteUtil names it.  A lite consumer group is bound to one topic (`GroupConfig.lite_bind_topic`);
+each of its clients subscribes a set of lite topics (SyncLiteSubscription), and a receive on B
+pops only the light queues of that client's set.  The group's pop progress on a light queue is
+a `Subscription` like any topic's, keyed (group, light queue name): the journal, retries, dead
+letters and consumed offsets work unchanged.
+
+Subscription sets belong to client ids and persist in `config/liteSubscription.json`, so that a
+restarted broker serves a returning client the set it had (the clients also re-send their whole
+set every 30 s).  A set is removed (COMPLETE_REMOVE) when its client terminates, or stays away
+for `client_expire_ms` (counted from the broker's start for a set read from the file).
+
+Light queues whose names do not follow the lite pattern (`%LMQ%name`, RIP-28's) are served to
+ordinary consumers as a topic of one readable queue: pop, ack and retries as for any queue."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import validation
+from .codes import BrokerError, Code
+from .config_files import read_json, write_json
+from .filters import Filter
+from .metadata import GroupConfig, TopicConfig
+from .types import LITE, NORMAL, Received, ReceiveRequest
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = logging.getLogger(__name__)
+
+LMQ_PREFIX = "%LMQ%"
+LITE_SEPARATOR = "$"
+LITE_PREFIX = LMQ_PREFIX + LITE_SEPARATOR
+PROPERTY_LITE_TOPIC = "__LITE_TOPIC"
+PROPERTY_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
+PROPERTY_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
+SUBSCRIPTIONS_FILE = "liteSubscription.json"
+LITE_CONSUMER_TYPES = frozenset({"LITE_PUSH_CONSUMER", "LITE_SIMPLE_CONSUMER"})
+PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = "PARTIAL_ADD", "PARTIAL_REMOVE", "COMPLETE_ADD", "COMPLETE_REMOVE"
+# a COMPLETE_ADD may carry this many topics above the quota (RocketMQ's proxy tolerance); the set
+# kept is still held to the quota
+_REQUEST_SLACK = 300
+
+
+def lmq_name(bind_topic: str, lite_topic: str) -> str:
+    return f"{LITE_PREFIX}{bind_topic}{LITE_SEPARATOR}{lite_topic}"
+
+
+def is_lmq(name: str) -> bool:
+    return name.startswith(LMQ_PREFIX)
+
+
+def parse_lite_queue(name: str) -> tuple[str, str] | None:
+    """(bind topic, lite topic) of a lite topic's light queue, None for any other name."""
+    if not name.startswith(LITE_PREFIX):
+        return None
+    parts = name[len(LITE_PREFIX):].split(LITE_SEPARATOR)
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        return None
+    return parts[0], parts[1]
+
+
+def queue_of(topic: str, lite_topic: str | None) -> str:
+    """The queue an ack, a change of invisible time or a dead-letter request names: the lite
+    topic's light queue when it carries one, else the topic itself."""
+    return lmq_name(topic, lite_topic) if lite_topic else topic
+
+
+def check_lmq_name(name: str, config) -> None:
+    """ILLEGAL_TOPIC unless `name` is a light queue name a client may consume: `%LMQ%` and a
+    name, or a lite topic's queue."""
+    lite = parse_lite_queue(name)
+    if lite is not None:
+        validation.check_topic_name(lite[0], config)
+        validation.check_lite_topic(lite[1], config.max_lite_topic_size)
+        return
+    rest = name[len(LMQ_PREFIX):]
+    if not rest or len(name) > config.max_topic_length or not validation.valid_name(rest):
+        raise BrokerError(Code.ILLEGAL_TOPIC, f"light queue name {name!r} is not %LMQ% and a topic name")
+
+
+def light_queue_config(name: str) -> TopicConfig:
+    """The topic config a light queue is served under: one queue, readable only."""
+    return TopicConfig(name, queue_nums=1, message_type=LITE if name.startswith(LITE_PREFIX) else NORMAL, perm=4)
+
+
+def delivered_topic(received: Received, topic: str) -> str:
+    """The topic a delivered message names (ack and nack name it back): a lite message its bind
+    topic, a message popped from a RIP-28 light queue that queue, else `topic`."""
+    queue = received.queue_topic
+    if queue and not queue.startswith(LITE_PREFIX):
+        return queue
+    return topic
+
+
+def python_partial_add(names: list[str]) -> list[str]:
+    """The Python SDK 5.1.2 passes the lite topic of a PARTIAL_ADD to `extend()`, so "lt-1"
+    arrives as ["l", "t", "-", "1"]; it adds one topic per call, so a PARTIAL_ADD of single
+    characters from it is that topic spelled out."""
+    if len(names) > 1 and all(len(n) == 1 for n in names):
+        return ["".join(names)]
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetOption:
+    """Where a new lite subscription starts: policy LAST (where the group is, the start of the
+    queue if it never consumed it), MIN or MAX; or an `offset`, the last `tail_n` messages, or
+    the first message stored at or after `timestamp` (ms)."""
+
+    policy: str = "LAST"
+    offset: int | None = None
+    tail_n: int | None = None
+    timestamp: int | None = None
+
+
+@dataclass(slots=True)
+class ClientLite:
+    group: str
+    bind_topic: str
+    topics: set[str] = field(default_factory=set)
+    version: int = -1
+    seen: int = 0  # ms: the last sync, or when the broker read the set from its file
+
+
+class LiteSubscriptions:
+    """Per client id, the lite topics it subscribed; saved whole on every change (temp file and
+    rename), each client's set bounded by the quota."""
+
+    def __init__(self, path: Path, now: int) -> None:
+        self.path = path
+        self.clients: dict[str, ClientLite] = {}
+        document = read_json(path) or {}
+        for client_id, entry in (document.get("subscriptions") or {}).items():
+            try:
+                topics = {str(t) for t in entry["liteTopicSet"]}
+                self.clients[str(client_id)] = ClientLite(str(entry["group"]), str(entry["topic"]), topics,
+                                                          int(entry.get("version", -1)), now)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("%s: the lite subscriptions of client %r left out: unreadable (%s)", path, client_id, exc)
+
+    def save(self) -> None:
+        write_json(self.path, {"subscriptions": {
+            client_id: {"group": c.group, "topic": c.bind_topic, "liteTopicSet": sorted(c.topics), "version": c.version}
+            for client_id, c in self.clients.items()}})
+
+    def subscribers(self, group: str | None, bind_topic: str) -> dict[str, int]:
+        """Per lite topic of `bind_topic`, how many clients (of `group`, or of any) subscribe it."""
+        counts: dict[str, int] = {}
+        for c in self.clients.values():
+            if c.bind_topic == bind_topic and (group is None or c.group == group):
+                for topic in c.topics:
+                    counts[topic] = counts.get(topic, 0) + 1
+        return counts
+
+
+class Lite:
+    """The broker's lite-topic side: subscriptions, receives on a bind topic, sends' dispatch
+    properties.  Runs on the broker's event loop."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.table = LiteSubscriptions(broker.store.directory / "config" / SUBSCRIPTIONS_FILE, broker.clock())
+        self._rotation: dict[str, int] = {}  # per client id: the first lite topic of its next pop
+
+    # -- groups -------------------------------------------------------------------------------
+
+    def bind(self, group: GroupConfig, topic_name: str) -> None:
+        """Make `group` a lite group of `topic_name` on first use; ILLEGAL_CONSUMER_GROUP if it is
+        a group already consuming elsewhere, ILLEGAL_TOPIC if bound to another topic or if the
+        topic is not LITE (an auto-created topic that never held a message becomes LITE)."""
+        broker = self.broker
+        topic = broker.topic(topic_name)
+        if topic.message_type != LITE:
+            if topic.message_type == NORMAL and self._empty(topic):
+                log.info("topic %s made LITE: lite consumers of group %s use it", topic.name, group.name)
+                topic = broker.metadata.put_topic(dataclasses.replace(topic, message_type=LITE))
+            else:
+                raise BrokerError(Code.ILLEGAL_TOPIC, f"topic {topic_name!r} is {topic.message_type}, not a LITE topic")
+        bound = group.lite_bind_topic or ""
+        if bound == topic_name:
+            return
+        if bound:
+            raise BrokerError(Code.ILLEGAL_TOPIC, f"consumer group {group.name!r} is a lite group of topic {bound!r}, "
+                              f"not of {topic_name!r}")
+        if any(g == group.name and not is_lmq(t) for g, t in broker.subscriptions):
+            raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group.name!r} is not a lite group")
+        log.info("consumer group %s made a lite group of topic %s", group.name, topic_name)
+        group.lite_bind_topic = topic_name
+        broker.metadata.put_group(group)
+
+    def _empty(self, topic: TopicConfig) -> bool:
+        store = self.broker.store
+        return all(store.max_offset(topic.name, q) == 0 for q in range(topic.queue_nums))
+
+    def check_receive(self, group: GroupConfig, topic: TopicConfig) -> None:
+        bound = group.lite_bind_topic or ""
+        if not bound:
+            raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP,
+                              f"topic {topic.name!r} is a LITE topic: consumer group {group.name!r} is not a lite group of it")
+        if bound != topic.name:
+            raise BrokerError(Code.ILLEGAL_TOPIC, f"consumer group {group.name!r} is a lite group of topic {bound!r}, "
+                              f"not of {topic.name!r}")
+
+    # -- subscriptions ------------------------------------------------------------------------
+
+    def sync(self, client_id: str, group_name: str, bind_topic: str, action: str, names: list[str],
+             version: int | None = None, offset: OffsetOption | None = None) -> None:
+        """SyncLiteSubscription: change the client's set; nothing changes on a refusal."""
+        broker = self.broker
+        validation.check_group_name(group_name, self.config)
+        validation.check_topic_name(bind_topic, self.config)
+        group = broker.group(group_name)
+        self.bind(group, bind_topic)
+        quota = self.config.lite_subscription_quota
+        if len(names) > quota + _REQUEST_SLACK:
+            raise BrokerError(Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
+                              f"{len(names)} lite topics in one request, more than the quota {quota} + {_REQUEST_SLACK}")
+        for name in names:
+            validation.check_lite_topic(name, self.config.max_lite_topic_size)
+        now = broker.clock()
+        client = self.table.clients.get(client_id)
+        if client is not None and version is not None and 0 <= version < client.version:
+            return  # an older sync overtaken by a newer one
+        if client is None or client.group != group_name or client.bind_topic != bind_topic:
+            client = ClientLite(group_name, bind_topic)
+        before = set(client.topics)
+        if action == PARTIAL_ADD:
+            after = before | set(names)
+        elif action == PARTIAL_REMOVE:
+            after = before - set(names)
+        elif action == COMPLETE_ADD:
+            after = set(names)
+        elif action == COMPLETE_REMOVE:
+            after = set()
+        else:
+            raise BrokerError(Code.BAD_REQUEST, f"unknown lite subscription action {action!r}")
+        if len(after) > quota and len(after) > len(before):
+            raise BrokerError(Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
+                              f"client {client_id} would subscribe {len(after)} lite topics, more than the quota {quota}")
+        for name in sorted(after - before):
+            self._start(group_name, lmq_name(bind_topic, name), offset)
+        client.topics, client.seen = after, now
+        if version is not None:
+            client.version = version
+        if not after:
+            self.table.clients.pop(client_id, None)
+        else:
+            self.table.clients[client_id] = client
+        if after != before or version is not None:
+            self.table.save()
+        if after - before:
+            broker.long_polling.notify_client(client_id)  # its waiting receive pops the new ones
+
+    def _start(self, group: str, queue: str, offset: OffsetOption | None) -> None:
+        """Place the group's read cursor on a newly subscribed light queue as `offset` asks: a
+        group that never read it starts at its first message; a cursor only moves forward."""
+        if offset is None or (offset.policy == "LAST" and offset.offset is None and offset.tail_n is None
+                              and offset.timestamp is None):
+            return
+        store = self.broker.store
+        low, high = store.min_offset(queue, 0), store.max_offset(queue, 0)
+        if offset.offset is not None:
+            start = offset.offset
+        elif offset.tail_n is not None:
+            start = high - offset.tail_n
+        elif offset.timestamp is not None:
+            start = store.offset_for_timestamp(queue, 0, offset.timestamp) if high > low else high
+        elif offset.policy == "MAX":
+            start = high
+        else:
+            start = low
+        start = min(max(start, low), high)
+        sub = self.broker.subscriptions.get((group, queue))
+        if sub is not None and 0 in sub.queues and sub.queues[0].cursor >= start:
+            return
+        self.broker.move_cursor(group, queue, 0, start)
+
+    def topics_of(self, client_id: str) -> list[str]:
+        client = self.table.clients.get(client_id)
+        return sorted(client.topics) if client is not None else []
+
+    def client_gone(self, client_id: str) -> None:
+        """COMPLETE_REMOVE: the client terminated or expired."""
+        if self.table.clients.pop(client_id, None) is not None:
+            self._rotation.pop(client_id, None)
+            self.table.save()
+
+    def expire(self, now: int) -> None:
+        """Remove the sets of clients not alive for `client_expire_ms`."""
+        sessions = self.broker.sessions
+        gone = [cid for cid, c in self.table.clients.items()
+                if not sessions.alive(cid, now) and now - max(c.seen, _last_seen(sessions, cid)) >= sessions.expire_ms]
+        for client_id in gone:
+            log.info("lite subscriptions of client %s removed: it is gone", client_id)
+            self.client_gone(client_id)
+
+    def drop(self, bind_topic: str, lite_topic: str) -> list[str]:
+        """The server drops every client's subscription of a lite topic (its queue is gone): each
+        client is told over its telemetry stream (NotifyUnsubscribeLiteCommand).  Returns the
+        client ids told."""
+        told = []
+        for client_id, c in list(self.table.clients.items()):
+            if c.bind_topic == bind_topic and lite_topic in c.topics:
+                c.topics.discard(lite_topic)
+                if not c.topics:
+                    del self.table.clients[client_id]
+                told.append(client_id)
+                outbox = self.broker.transactions.outboxes.get(client_id)
+                if outbox is not None:
+                    try:
+                        outbox.put_nowait(UnsubscribeLite(lite_topic))
+                    except asyncio.QueueFull:
+                        log.warning("client %s not told of its dropped lite topic %s: its outbox is full", client_id, lite_topic)
+        if told:
+            self.table.save()
+        return told
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def dispatch_properties(self, bind_topic: str, lite_topic: str | None, properties: dict[str, str]) -> None:
+        """A LITE message's properties: its lite topic and the light queue the store dispatches it
+        into.  LITE_TOPIC_QUOTA_EXCEEDED when it would open a lite topic past the bind topic's
+        quota."""
+        if not lite_topic:
+            raise BrokerError(Code.ILLEGAL_LITE_TOPIC, "a LITE message needs a lite topic")
+        queue = lmq_name(bind_topic, lite_topic)
+        store = self.broker.store
+        if store.max_offset(queue, 0) == 0 and self.count(bind_topic) >= self.config.lite_topic_quota:
+            raise BrokerError(Code.LITE_TOPIC_QUOTA_EXCEEDED,
+                              f"topic {bind_topic!r} has {self.config.lite_topic_quota} lite topics, its quota")
+        properties[PROPERTY_LITE_TOPIC] = lite_topic
+        properties[PROPERTY_MULTI_DISPATCH] = queue
+
+    def count(self, bind_topic: str) -> int:
+        """How many lite topics `bind_topic` has (light queues that hold or held a message)."""
+        return sum(1 for _ in self.queues(bind_topic))
+
+    def queues(self, bind_topic: str, prefix: str = ""):
+        """(lite topic, light queue name) of `bind_topic`'s lite topics starting with `prefix`."""
+        start = lmq_name(bind_topic, prefix)
+        for name in light_queue_names(self.broker.store, start):
+            lite = parse_lite_queue(name)
+            if lite is not None and lite[0] == bind_topic:
+                yield lite[1], name
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    async def receive(self, req: ReceiveRequest, bind: TopicConfig, group: GroupConfig, tag_filter: Filter) -> list[Received]:
+        """A receive on a bind topic: the client's subscribed lite topics' messages, held (long
+        polling) until one arrives, a retry comes due or the poll time passes."""
+        self.check_receive(group, bind)
+        broker = self.broker
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + req.poll_ms / 1000
+        while True:
+            broker._scan_incomplete = False
+            got, due = self.pop(req, bind, group, tag_filter)
+            if got or broker.long_polling.closed or broker.sessions.terminated(req.client_id):
+                return got
+            remaining = give_up - loop.time()
+            if remaining <= 0:
+                return got
+            if broker._scan_incomplete:
+                await asyncio.sleep(0)
+                continue
+            if due is not None:
+                remaining = min(remaining, max(0.0, (due - broker.clock()) / 1000))
+            await broker.long_polling.wait(bind.name, req.client_id, remaining)
+
+    def pop(self, req: ReceiveRequest, bind: TopicConfig, group: GroupConfig,
+            tag_filter: Filter) -> tuple[list[Received], int | None]:
+        """Pop the client's lite topics in turn (starting one further each pop) up to the batch
+        size; returns the messages and the earliest retry deadline among those queues."""
+        broker = self.broker
+        client = self.table.clients.get(req.client_id)
+        if client is None or client.group != group.name or client.bind_topic != bind.name or not client.topics:
+            return [], None
+        names = sorted(client.topics)
+        start = self._rotation.get(req.client_id, 0) % len(names)
+        self._rotation[req.client_id] = start + 1
+        batch = min(req.batch_size, self.config.max_batch_size)
+        out: list[Received] = []
+        due: int | None = None
+        for i in range(len(names)):
+            if len(out) >= batch:
+                break
+            queue = lmq_name(bind.name, names[(start + i) % len(names)])
+            sub = broker._subscription(group.name, queue)
+            try:
+                out.extend(broker.pop(sub, light_queue_config(queue), group, tag_filter,
+                                      dataclasses.replace(req, batch_size=batch - len(out))))
+            except BrokerError:
+                if out:  # the journal refused this queue's pop: hand over what the others gave
+                    break
+                raise
+            next_due = sub.next_due()
+            if next_due is not None and (due is None or next_due < due):
+                due = next_due
+        return out, due
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeLite:
+    """A telemetry command: the server dropped the client's subscription of `lite_topic`."""
+
+    lite_topic: str
+
+
+def _last_seen(sessions, client_id: str) -> int:
+    session = sessions.clients.get(client_id)
+    return session.last_seen if session is not None else 0
+
+
+def light_queue_names(store, start: str):
+    """Names of the store's light queues from `start` on, in order, while they start with it."""
+    names = getattr(store, "light_queue_names", None)
+    if names is None:
+        return iter(())
+    return names(start)
