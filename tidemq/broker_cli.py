@@ -45,11 +45,23 @@ def register(commands) -> None:
         p.add_argument("--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries")
         p.add_argument("--fifo", action=argparse.BooleanOptionalAction, default=None,
                        help="deliver each message group in order (RocketMQ's consumeMessageOrderly); --no-fifo undoes it")
+        if command == "create":
+            p.add_argument("--lite-bind-topic", default=None, help="make it a lite group of this LITE topic")
         _target(p)
         p.set_defaults(func=func)
     p = sub.add_parser("list", help="groups with, per queue, the consumed offset and the backlog")
     _target(p)
     p.set_defaults(func=_group_list)
+
+    lite = commands.add_parser("lite", help="lite topics of a bind topic")
+    sub = lite.add_subparsers(dest="lite_command", required=True)
+    p = sub.add_parser("list", help="a bind topic's lite topics: backlog per lite group, subscribers")
+    p.add_argument("bind_topic")
+    p.add_argument("--prefix", default="", help="only lite topics starting with this")
+    p.add_argument("--group", default=None, help="only this lite group")
+    p.add_argument("--limit", type=int, default=10_000, help="list at most this many lite topics")
+    _target(p)
+    p.set_defaults(func=_lite_list)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -79,7 +91,8 @@ def _call(args: argparse.Namespace, method: str, **arguments):
             raise SystemExit(f"tidemq: cannot reach a broker at {address} ({exc.code().name}: {exc.details()}); "
                              "give --server HOST:PORT, or --store DIR for a stopped broker") from None
     functions: dict[str, Callable[..., Any]] = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
-                 "CreateGroup": admin.create_group, "UpdateGroup": admin.update_group, "ListGroups": admin.list_groups}
+                 "CreateGroup": admin.create_group, "UpdateGroup": admin.update_group, "ListGroups": admin.list_groups,
+                 "ListLite": admin.list_lite}
     with _offline_broker(args.store) as broker:
         return functions[method](broker, **arguments)
 
@@ -134,9 +147,12 @@ def _group_create(args, method: str = "CreateGroup") -> int:
         backoff = [int(x) for x in args.retry_backoff_ms.split(",")] if args.retry_backoff_ms else None
     except ValueError:
         raise SystemExit(f"tidemq: --retry-backoff-ms {args.retry_backoff_ms!r} is not a comma-separated list of ms") from None
-    g = _call(args, method, name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff, fifo=args.fifo)
+    bind = getattr(args, "lite_bind_topic", None)
+    g = _call(args, method, name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff, fifo=args.fifo,
+              **({"lite_bind_topic": bind} if bind else {}))
     order = ", FIFO" if g.get("fifo") else ""
-    return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms{order}"])
+    lite = f", lite group of {g['lite_bind_topic']}" if g.get("lite_bind_topic") else ""
+    return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms{order}{lite}"])
 
 
 def _group_update(args) -> int:
@@ -147,10 +163,21 @@ def _group_list(args) -> int:
     groups = _call(args, "ListGroups")
     lines = []
     for g in groups:
-        lines.append(f"{g['name']}  max attempts {g['max_attempts']}  dead letters {g['dead_letters']}")
+        lite = f"  lite group of {g['lite_bind_topic']}  light queues {g.get('light_queues', 0)}" if g.get("lite_bind_topic") else ""
+        lines.append(f"{g['name']}  max attempts {g['max_attempts']}  dead letters {g['dead_letters']}{lite}")
         for t in g["topics"]:
             lines.append(f"  {t['topic']}  backlog {t['backlog']}")
             for q in t["queues"]:
                 lines.append(f"    {t['topic']}/{q['queue_id']}  consumed {q['consumed_offset']}  max {q['max_offset']}"
                              f"  backlog {q['backlog']}  in flight {q['in_flight']}")
     return _print(args, groups, lines)
+
+
+def _lite_list(args) -> int:
+    listing = _call(args, "ListLite", bind_topic=args.bind_topic, prefix=args.prefix, group=args.group, limit=args.limit)
+    lines = [f"{listing['bind_topic']}  {len(listing['lite_topics'])} lite topics  lite groups: "
+             f"{', '.join(listing['groups']) or '-'}"]
+    for t in listing["lite_topics"]:
+        backlog = "  ".join(f"{g['group']} backlog {g['backlog']} in flight {g['in_flight']}" for g in t["groups"])
+        lines.append(f"  {t['lite_topic']}  max {t['max_offset']}  subscribers {t['subscribers']}  {backlog}".rstrip())
+    return _print(args, listing, lines)

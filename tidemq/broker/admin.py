@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from . import admin_fields as fields
-from . import validation
+from . import lite, validation
 from .broker import Broker
 from .codes import BrokerError, Code
 from .metadata import GroupConfig, TopicConfig, dead_letter_topic
@@ -65,12 +65,21 @@ def list_topics(broker: Broker) -> list[dict]:
 
 
 def create_group(broker: Broker, name: str, max_attempts: int | None = None,
-                 retry_backoff_ms: list[int] | None = None, fifo: bool | None = None) -> dict:
-    """A new group; refused if it exists (`update_group` changes one)."""
+                 retry_backoff_ms: list[int] | None = None, fifo: bool | None = None,
+                 lite_bind_topic: str | None = None) -> dict:
+    """A new group; refused if it exists (`update_group` changes one).  `lite_bind_topic`: a
+    lite group of that LITE topic."""
     validation.check_group_name(fields.text("group name", name), broker.config)
     if name in broker.metadata.groups:
         raise BrokerError(Code.BAD_REQUEST, f"consumer group {name!r} exists; update it instead (tidemq group update)")
-    return _put_group(broker, GroupConfig(name), max_attempts, retry_backoff_ms, fifo)
+    group = GroupConfig(name)
+    if lite_bind_topic:
+        topic = broker.metadata.topics.get(fields.text("lite bind topic", lite_bind_topic))
+        if topic is None or topic.message_type != "LITE":
+            raise BrokerError(Code.ILLEGAL_TOPIC, f"lite bind topic {lite_bind_topic!r} is not a LITE topic "
+                              "(tidemq topic create NAME --type LITE)")
+        group.lite_bind_topic = lite_bind_topic
+    return _put_group(broker, group, max_attempts, retry_backoff_ms, fifo)
 
 
 def update_group(broker: Broker, name: str, max_attempts: int | None = None,
@@ -80,8 +89,8 @@ def update_group(broker: Broker, name: str, max_attempts: int | None = None,
     group = broker.metadata.groups.get(name)
     if group is None:
         raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"consumer group {name!r} does not exist")
-    return _put_group(broker, GroupConfig(name, group.retry_max_times, list(group.retry_backoff_ms), group.fifo),
-                      max_attempts, retry_backoff_ms, fifo)
+    return _put_group(broker, GroupConfig(name, group.retry_max_times, list(group.retry_backoff_ms), group.fifo,
+                                          group.lite_bind_topic), max_attempts, retry_backoff_ms, fifo)
 
 
 def _put_group(broker: Broker, group: GroupConfig, max_attempts, retry_backoff_ms, fifo) -> dict:
@@ -103,8 +112,12 @@ def list_groups(broker: Broker) -> list[dict]:
     out = []
     for name, group in sorted(broker.metadata.groups.items()):
         topics = []
+        light_queues = 0  # light queues the group has read, listed by `tidemq lite list`
         for (g, topic_name), sub in sorted(broker.subscriptions.items()):
             if g != name:
+                continue
+            if lite.parse_lite_queue(topic_name) is not None:
+                light_queues += store.max_offset(topic_name, 0) > 0
                 continue
             topic = broker.metadata.topics.get(topic_name)
             queue_ids = sorted(set(range(topic.queue_nums if topic else 0)) | set(sub.queues))
@@ -120,8 +133,36 @@ def list_groups(broker: Broker) -> list[dict]:
         dead = broker.metadata.topics.get(dlq)
         dead_letters = sum(store.max_offset(dlq, q) - store.min_offset(dlq, q) for q in range(dead.queue_nums)) if dead else 0
         out.append({**asdict(group), "max_attempts": group.max_delivery_attempts, "dead_letters": dead_letters,
-                    "topics": topics})
+                    "light_queues": light_queues, "topics": topics})
     return out
+
+
+def list_lite(broker: Broker, bind_topic: str, prefix: str = "", group: str | None = None, limit: int = 10_000) -> dict:
+    """The lite topics of `bind_topic` (those starting with `prefix`, at most `limit`): per lite
+    topic its light queue's max offset, per lite group of the topic the backlog and in-flight
+    count, and how many clients subscribe it."""
+    validation.check_topic_name(fields.text("bind topic", bind_topic), broker.config)
+    fields.text("prefix", prefix)
+    limit = fields.integer("limit", limit, 1, 1_000_000)
+    groups = sorted(g.name for g in broker.metadata.groups.values()
+                    if g.lite_bind_topic == bind_topic and (group is None or g.name == group))
+    subscribers = broker.lite.table.subscribers(group, bind_topic)
+    store = broker.store
+    out = []
+    for lite_topic, queue in broker.lite.queues(bind_topic, prefix):
+        if len(out) >= limit:
+            break
+        low, high = store.min_offset(queue, 0), store.max_offset(queue, 0)
+        per_group = []
+        for g in groups:
+            sub = broker.subscriptions.get((g, queue))
+            q = sub.queues.get(0) if sub is not None else None
+            consumed = max(q.consumed_offset, low) if q is not None else low
+            per_group.append({"group": g, "consumed_offset": consumed, "backlog": max(0, high - consumed),
+                              "in_flight": len(q.in_flight) if q is not None else 0})
+        out.append({"lite_topic": lite_topic, "queue": queue, "min_offset": low, "max_offset": high,
+                    "subscribers": subscribers.get(lite_topic, 0), "groups": per_group})
+    return {"bind_topic": bind_topic, "lite_topics": out, "groups": groups}
 
 
 def stats(broker: Broker) -> dict:

@@ -44,6 +44,7 @@ def admin_methods(broker: Broker) -> dict[str, Method]:
         "CreateGroup": admin.create_group,
         "UpdateGroup": admin.update_group,
         "ListGroups": admin.list_groups,
+        "ListLite": admin.list_lite,
         "Stats": admin.stats,
         **lookups.METHODS,
     }
