@@ -33,6 +33,8 @@ class ServeOptions:
     transaction_check_max: int = 15
     transaction_check_interval_ms: int = 30_000
     priority_retry_first_percent: int = 0
+    lite_subscription_quota: int = 1200
+    lite_topic_quota: int = 10_000_000
     # TLS (tidemq/protocol/tls.py, tidemq/certificate.py)
     tls: str = "permissive"
     tls_cert: str = ""
@@ -74,6 +76,10 @@ OPTIONS = [
     ("--priority-retry-first-percent", "popFromRetryProbabilityForPriority", "priority_retry_first_percent",
      ("share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
       "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)")),
+    ("--lite-subscription-quota", "liteSubClientQuota", "lite_subscription_quota",
+     "lite topics one lite consumer may subscribe (default 1200)"),
+    ("--lite-topic-quota", "maxLiteTopicCount", "lite_topic_quota",
+     "lite topics one bind topic may hold (default 10000000)"),
     ("--timer-max-delay-sec", "timerMaxDelaySec", "timer_max_delay_sec",
      "how far ahead a delay message's delivery time may be (default one day)"),
     ("--event-loop", "eventLoop", "event_loop",

@@ -46,6 +46,8 @@ class Server:
             transaction_timeout_ms=options.transaction_timeout_ms, transaction_check_max=options.transaction_check_max,
             transaction_check_interval_ms=options.transaction_check_interval_ms,
             priority_retry_first_percent=options.priority_retry_first_percent,
+            lite_subscription_quota=options.lite_subscription_quota,
+            lite_topic_quota=options.lite_topic_quota,
             timer_max_delay_sec=options.timer_max_delay_sec,
         )
         self.store: MessageStore | None = None

@@ -2,11 +2,12 @@
 // commands and output as tests/clients/java (see tests/clients/__init__.py):
 //
 //	send    --endpoint H:P --topic T [--count N] [--body TEXT ({i}: the index)] [--tag X] [--keys K1,K2]
-//	        [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION] [--group MESSAGE_GROUP | --groups G]
-//	        [--delay-ms D] [--priority P] [--transaction commit|rollback|none]
+//	        [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION|LITE] [--group MESSAGE_GROUP | --groups G]
+//	        [--delay-ms D] [--priority P] [--lite-topic L] [--transaction commit|rollback|none]
 //	        [--check commit|rollback|unknown] [--await-checks C] [--timeout-ms T]
 //	receive --endpoint H:P --topic T --group G [--count N] [--simple | --push] [--filter TAG_EXPRESSION]
 //	        [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K] [--poison BODY]
+//	        [--lite-topics L1,L2 (with --push: a lite push consumer of bind topic T)]
 //	both:   [--tls default|on|off] (default: the client's own default, TLS on) [--namespace NS]
 //
 // One JSON object a line on stdout: first {"event": "client", "language": "go", "tls": B} (B: whether
@@ -39,7 +40,7 @@ import (
 
 type options struct {
 	endpoint, topic, group, body, tag, keys, kind, tls, namespace string
-	transaction, check, filter, poison                            string
+	transaction, check, filter, poison, liteTopic, liteTopics     string
 	count, priority, groups, awaitChecks, failEvery               int
 	delayMs, awaitMs, invisibleMs, timeoutMs, requestTimeoutMs    int
 	simple, push, noAck                                           bool
@@ -79,6 +80,8 @@ func parse(args []string) *options {
 	flags.StringVar(&o.check, "check", "commit", "commit|rollback|unknown: the transaction checker's answer")
 	flags.StringVar(&o.filter, "filter", "*", "tag expression")
 	flags.StringVar(&o.poison, "poison", "", "fail every delivery of the message with this body")
+	flags.StringVar(&o.liteTopic, "lite-topic", "", "lite topic of the messages sent")
+	flags.StringVar(&o.liteTopics, "lite-topics", "", "comma-separated lite topics a lite push consumer subscribes")
 	flags.IntVar(&o.count, "count", 1, "messages to send or receive")
 	flags.IntVar(&o.priority, "priority", 0, "priority")
 	flags.IntVar(&o.groups, "groups", 0, "message groups, round robin")
@@ -141,6 +144,9 @@ func (o *options) message(index int) *rmq.Message {
 	if o.kind == "DELAY" || o.set["delay-ms"] {
 		msg.SetDelayTimestamp(time.Now().Add(time.Duration(o.delayMs) * time.Millisecond))
 	}
+	if o.kind == "LITE" || o.set["lite-topic"] {
+		msg.SetLiteTopic(o.liteTopic)
+	}
 	if o.kind == "PRIORITY" || o.set["priority"] {
 		if err := msg.SetPriority(int32(o.priority)); err != nil {
 			fail(err)
@@ -163,7 +169,7 @@ func view(event string, mv *rmq.MessageView) map[string]any {
 		"tag": mv.GetTag(), "keys": keys, "message_group": mv.GetMessageGroup(),
 		"priority":           nil, // the Go client's MessageView does not expose it
 		"delivery_timestamp": deliveryTimestamp, "delivery_attempt": mv.GetDeliveryAttempt(),
-		"properties": mv.GetProperties(),
+		"properties": mv.GetProperties(), "lite_topic": mv.GetLiteTopic(),
 	}
 }
 
@@ -271,21 +277,26 @@ func receive(o *options) int {
 	failures := &failing{every: o.failEvery, poison: o.poison, seen: map[string]bool{}}
 	if o.push {
 		arrived := make(chan map[string]any, 1024)
-		consumer, err := rmq.NewPushConsumer(o.config(o.group),
-			rmq.WithPushSubscriptionExpressions(subscription),
-			rmq.WithPushMessageListener(&rmq.FuncMessageListener{Consume: func(mv *rmq.MessageView) rmq.ConsumerResult {
-				failed := failures.fails(mv)
-				arrived <- receivedLine(mv, failed)
-				if failed || o.noAck {
-					return rmq.FAILURE
-				}
-				return rmq.SUCCESS
-			}}))
-		if err != nil {
-			fail(err)
-		}
-		if err := consumer.Start(); err != nil {
-			fail(err)
+		listener := rmq.WithPushMessageListener(&rmq.FuncMessageListener{Consume: func(mv *rmq.MessageView) rmq.ConsumerResult {
+			failed := failures.fails(mv)
+			arrived <- receivedLine(mv, failed)
+			if failed || o.noAck {
+				return rmq.FAILURE
+			}
+			return rmq.SUCCESS
+		}})
+		var consumer rmq.PushConsumer
+		if o.set["lite-topics"] {
+			consumer = litePushConsumer(o, listener)
+		} else {
+			plain, err := rmq.NewPushConsumer(o.config(o.group), rmq.WithPushSubscriptionExpressions(subscription), listener)
+			if err != nil {
+				fail(err)
+			}
+			if err := plain.Start(); err != nil {
+				fail(err)
+			}
+			consumer = plain
 		}
 		timer := time.NewTimer(time.Until(giveUp))
 	wait:
@@ -352,6 +363,26 @@ func receive(o *options) int {
 		return 3
 	}
 	return 0
+}
+
+// litePushConsumer starts a lite push consumer of bind topic --topic subscribed to --lite-topics.
+func litePushConsumer(o *options, listener rmq.PushConsumerOption) rmq.PushConsumer {
+	invisible := time.Duration(o.invisibleMs) * time.Millisecond
+	lite, err := rmq.NewLitePushConsumer(o.config(o.group), rmq.NewLitePushConsumerConfig(o.topic, invisible),
+		listener, rmq.WithPushAwaitDuration(time.Duration(o.awaitMs)*time.Millisecond))
+	if err != nil {
+		fail(err)
+	}
+	if err := lite.Start(); err != nil {
+		fail(err)
+	}
+	for _, name := range strings.Split(o.liteTopics, ",") {
+		if err := lite.SubscribeLite(name); err != nil {
+			fail(err)
+		}
+	}
+	emit(map[string]any{"event": "subscribed", "lite_topics": strings.Split(o.liteTopics, ",")})
+	return lite
 }
 
 func main() {

@@ -17,7 +17,8 @@ import org.apache.rocketmq.client.apis.ClientServiceProvider;
 import org.apache.rocketmq.client.apis.consumer.ConsumeResult;
 import org.apache.rocketmq.client.apis.consumer.FilterExpression;
 import org.apache.rocketmq.client.apis.consumer.FilterExpressionType;
-import org.apache.rocketmq.client.apis.consumer.PushConsumer;
+import org.apache.rocketmq.client.apis.consumer.LitePushConsumer;
+import org.apache.rocketmq.client.apis.consumer.MessageListener;
 import org.apache.rocketmq.client.apis.consumer.SimpleConsumer;
 import org.apache.rocketmq.client.apis.message.Message;
 import org.apache.rocketmq.client.apis.message.MessageBuilder;
@@ -34,11 +35,12 @@ import org.apache.rocketmq.client.apis.producer.TransactionResolution;
  *
  * <pre>
  * send    --endpoint H:P --topic T [--count N] [--body TEXT ({i}: the index)] [--tag X] [--keys K1,K2]
- *         [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION] [--group MESSAGE_GROUP | --groups G]
- *         [--delay-ms D] [--priority P] [--transaction commit|rollback|none]
+ *         [--type NORMAL|FIFO|DELAY|PRIORITY|TRANSACTION|LITE] [--group MESSAGE_GROUP | --groups G]
+ *         [--delay-ms D] [--priority P] [--lite-topic L] [--transaction commit|rollback|none]
  *         [--check commit|rollback|unknown] [--await-checks C] [--timeout-ms T]
  * receive --endpoint H:P --topic T --group G [--count N] [--simple | --push] [--filter TAG_EXPRESSION]
  *         [--await-ms A] [--invisible-ms I] [--timeout-ms T] [--no-ack] [--fail-every K] [--poison BODY]
+ *         [--lite-topics L1,L2 (with --push: a lite push consumer of bind topic T)]
  * both:   [--tls default|on|off] (default: the client's own default, TLS on) [--namespace NS]
  * </pre>
  *
@@ -232,7 +234,27 @@ public final class Client {
         if (type.equals("PRIORITY") || options.containsKey("priority")) {
             builder.setPriority(Integer.parseInt(option("priority", "0")));
         }
+        if (type.equals("LITE") || options.containsKey("lite-topic")) {
+            builder.setLiteTopic(option("lite-topic", "lite-0"));
+        }
         return builder.build();
+    }
+
+    /** A lite push consumer of bind topic {@code topic}, subscribed to --lite-topics. */
+    private LitePushConsumer litePushConsumer(String topic, String group, MessageListener listener) throws Exception {
+        LitePushConsumer lite = provider.newLitePushConsumerBuilder()
+            .setClientConfiguration(configuration()).setConsumerGroup(group).bindTopic(topic)
+            .setMessageListener(listener)
+            .build();
+        List<String> names = java.util.Arrays.asList(options.get("lite-topics").split(","));
+        for (String name : names) {
+            lite.subscribeLite(name);
+        }
+        Map<String, Object> line = new LinkedHashMap<>();
+        line.put("event", "subscribed");
+        line.put("lite_topics", names);
+        emit(line);
+        return lite;
     }
 
     private int receive() throws Exception {
@@ -247,15 +269,18 @@ public final class Client {
         int received = 0;
         if (options.containsKey("push")) {
             LinkedBlockingQueue<Map<String, Object>> arrived = new LinkedBlockingQueue<>();
-            PushConsumer consumer = provider.newPushConsumerBuilder()
-                .setClientConfiguration(configuration()).setConsumerGroup(group)
-                .setSubscriptionExpressions(subscription)
-                .setMessageListener(view -> {
-                    boolean failed = fails(view);
-                    arrived.add(received(view, failed));
-                    return ack && !failed ? ConsumeResult.SUCCESS : ConsumeResult.FAILURE;
-                })
-                .build();
+            MessageListener listener = view -> {
+                boolean failed = fails(view);
+                arrived.add(received(view, failed));
+                return ack && !failed ? ConsumeResult.SUCCESS : ConsumeResult.FAILURE;
+            };
+            java.io.Closeable consumer = options.containsKey("lite-topics")
+                ? litePushConsumer(topic, group, listener)
+                : provider.newPushConsumerBuilder()
+                    .setClientConfiguration(configuration()).setConsumerGroup(group)
+                    .setSubscriptionExpressions(subscription)
+                    .setMessageListener(listener)
+                    .build();
             try {
                 while (received < count) {
                     long left = giveUp - System.nanoTime();
@@ -328,6 +353,7 @@ public final class Client {
         line.put("delivery_timestamp", view.getDeliveryTimestamp().orElse(null));
         line.put("delivery_attempt", view.getDeliveryAttempt());
         line.put("properties", new LinkedHashMap<>(view.getProperties()));
+        line.put("lite_topic", view.getLiteTopic().orElse(null));
         return line;
     }
 
