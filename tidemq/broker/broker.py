@@ -91,8 +91,7 @@ class Broker:
     def _on_arrival(self, changes: dict) -> None:  # dispatch thread
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            topics = {topic for topic, _ in changes}
-            topics.update([bind for bind, _ in filter(None, map(lite.parse_lite_queue, topics))])
+            topics = lite.with_bind_topics({topic for topic, _ in changes})
             try:
                 loop.call_soon_threadsafe(self.long_polling.notify, topics)
             except RuntimeError:
@@ -420,7 +419,8 @@ class Broker:
         return None
 
     def _waker(self, topic: str):
-        return lambda: self.long_polling.notify((topic,))
+        topics = lite.with_bind_topics({topic})
+        return lambda: self.long_polling.notify(topics)
 
     def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead,
                    replaced) -> None:
@@ -549,7 +549,7 @@ class Broker:
 
     def _wake_topic(self, topic: str) -> None:
         self._wake_timers.pop(topic, None)
-        self.long_polling.notify((topic,))
+        self.long_polling.notify(lite.with_bind_topics({topic}))
 
     # -- ack, change invisible time, dead letters --------------------------------------------------
 

@@ -69,6 +69,15 @@ def parse_lite_queue(name: str) -> tuple[str, str] | None:
     return parts[0], parts[1]
 
 
+def with_bind_topics(topics: set[str]) -> set[str]:
+    """`topics` and the bind topics of the lite queues among them: a lite receive waits on its
+    bind topic for news of any of its lite topics."""
+    binds = [lite[0] for lite in map(parse_lite_queue, topics) if lite is not None]
+    if binds:
+        topics.update(binds)
+    return topics
+
+
 def queue_of(topic: str, lite_topic: str | None) -> str:
     """The queue an ack, a change of invisible time or a dead-letter request names: the lite
     topic's light queue when it carries one, else the topic itself."""
