@@ -49,6 +49,7 @@ PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = "PARTIAL_ADD", "PAR
 # a COMPLETE_ADD may carry this many topics above the quota (RocketMQ's proxy tolerance); the set
 # kept is still held to the quota
 _REQUEST_SLACK = 300
+_OPENED_LIMIT = 100_000  # light queues opened since the last count before the counts are redone
 
 
 def lmq_name(bind_topic: str, lite_topic: str) -> str:
@@ -181,6 +182,10 @@ class Lite:
         self.config = broker.config
         self.table = LiteSubscriptions(broker.store.directory / "config" / SUBSCRIPTIONS_FILE, broker.clock())
         self._rotation: dict[str, int] = {}  # per client id: the first lite topic of its next pop
+        # the quota check at send: lite topics per bind topic, counted once, then kept up to date
+        # with the light queues sends opened since (a new queue's first message may be in dispatch)
+        self._counts: dict[str, int] = {}
+        self._opened: set[str] = set()
 
     # -- groups -------------------------------------------------------------------------------
 
@@ -344,10 +349,18 @@ class Lite:
         if not lite_topic:
             raise BrokerError(Code.ILLEGAL_LITE_TOPIC, "a LITE message needs a lite topic")
         queue = lmq_name(bind_topic, lite_topic)
-        store = self.broker.store
-        if store.max_offset(queue, 0) == 0 and self.count(bind_topic) >= self.config.lite_topic_quota:
-            raise BrokerError(Code.LITE_TOPIC_QUOTA_EXCEEDED,
-                              f"topic {bind_topic!r} has {self.config.lite_topic_quota} lite topics, its quota")
+        if self.broker.store.max_offset(queue, 0) == 0 and queue not in self._opened:
+            count = self._counts.get(bind_topic)
+            if count is None:
+                count = self._counts[bind_topic] = self.count(bind_topic)
+            if count >= self.config.lite_topic_quota:
+                raise BrokerError(Code.LITE_TOPIC_QUOTA_EXCEEDED,
+                                  f"topic {bind_topic!r} has {self.config.lite_topic_quota} lite topics, its quota")
+            self._counts[bind_topic] = count + 1
+            if len(self._opened) >= _OPENED_LIMIT:  # counted again at the next new lite topic
+                self._opened.clear()
+                self._counts.clear()
+            self._opened.add(queue)
         properties[PROPERTY_LITE_TOPIC] = lite_topic
         properties[PROPERTY_MULTI_DISPATCH] = queue
 
