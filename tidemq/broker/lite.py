@@ -444,9 +444,7 @@ def _last_seen(sessions, client_id: str) -> int:
     return session.last_seen if session is not None else 0
 
 
-def light_queue_names(store, start: str):
-    """Names of the store's light queues from `start` on, in order, while they start with it."""
-    names = getattr(store, "light_queue_names", None)
-    if names is None:
-        return iter(())
-    return names(start)
+def light_queue_names(store, prefix: str):
+    """The names of the store's light queues that start with `prefix`, in order."""
+    light = store.light_queues
+    return light.names(prefix) if light is not None else iter(())

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +184,18 @@ class KvLightQueues:
     def count(self) -> int:
         with self.env.begin() as txn:
             return txn.stat(self.queues)["entries"]
+
+    def names_from(self, prefix: str) -> Iterator[str]:
+        """The names of the queues starting with `prefix`, in order (one snapshot)."""
+        start = prefix.encode("utf-8")
+        with self.env.begin() as txn:
+            cursor = txn.cursor(db=self.names)
+            if not cursor.set_range(start):
+                return
+            for key in cursor.iternext(values=False):
+                if not key.startswith(start):
+                    return
+                yield bytes(key).decode("utf-8")
 
     def idle_queues(self, after: int, horizon: int, limit: int) -> tuple[list[str], int, int]:
         """Looking at up to `limit` queues numbered above `after`, in number order (one

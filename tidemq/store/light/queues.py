@@ -28,9 +28,10 @@ queue being deleted.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -363,6 +364,11 @@ class LightQueues:
 
     def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
         return self.kv.offset_for_timestamp(name, timestamp, upper, self.commit_log.min_offset) if self.kv is not None else 0
+
+    def names(self, prefix: str = LMQ_PREFIX) -> Iterator[str]:
+        """The names of the live light queues starting with `prefix`, in order."""
+        files = sorted(name for name in self.file_queues if name.startswith(prefix))
+        return heapq.merge(files, self.kv.names_from(prefix) if self.kv is not None else ())
 
     def count(self) -> int:
         """Live light queues (key-value and file)."""
