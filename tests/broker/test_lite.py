@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from tidemq.broker import BrokerError, Code, Publish, ReceiveRequest, admin, dead_letter_topic
+from tidemq.broker import Broker, BrokerConfig, BrokerError, Code, Publish, ReceiveRequest, admin, dead_letter_topic
 from tidemq.broker import lite
 from tidemq.broker.lite import COMPLETE_ADD, COMPLETE_REMOVE, PARTIAL_ADD, PARTIAL_REMOVE, OffsetOption
-from tidemq.store import Message
+from tidemq.store import Message, MessageStore, StoreConfig
 
 from .conftest import Harness
 
@@ -301,3 +301,40 @@ def test_a_rip28_light_queue_is_served_to_an_ordinary_consumer_with_pop_ack_and_
     with pytest.raises(BrokerError) as bad:
         harness.receive("SG", "%LMQ%")
     assert bad.value.code == Code.ILLEGAL_TOPIC
+
+
+class ExpiringHarness(Harness):
+    """Light queues idle for a minute expire; the store keeps the broker's virtual time."""
+
+    def open(self) -> None:
+        self.store = MessageStore(self.directory, StoreConfig(segment_size=1 << 20, clock=self.clock,
+                                                              light_queue_idle_expiry_ms=60_000))
+        self.broker = Broker(self.store, BrokerConfig(clock=self.clock, **self.config))
+        self.loop.run_until_complete(self._start())
+
+
+def test_an_idle_consumed_lite_queue_expires_with_its_progress_and_its_subscribers_are_told(tmp_path):
+    h = ExpiringHarness(tmp_path / "store")
+    try:
+        lite_setup(h)
+        outbox = h.broker.telemetry_opened("c1")
+        sync(h, "c1", PARTIAL_ADD, ["done", "busy"])
+        send(h, "done", b"d0")
+        send(h, "busy", b"b0")
+        for r in h.receive("G", "B", client_id="c1"):
+            if r.record.body == b"d0":
+                h.broker.ack("G", lite.queue_of("B", "done"), r.receipt_handle)  # b0 stays in flight
+        assert h.broker.lite.maintain(h.clock()) == []  # not idle yet
+        h.clock.advance(61_000)
+        assert h.broker.lite.maintain(h.clock()) == [lite.queue_of("B", "done")]
+        assert outbox.get_nowait() == lite.UnsubscribeLite("done")
+        assert h.broker.lite.topics_of("c1") == ["busy"]  # in flight: live
+        assert ("G", lite.queue_of("B", "done")) not in h.broker.subscriptions
+        h.close()
+        h.open()  # the forgotten progress stays forgotten: the queue starts again at 0
+        sync(h, "c1", PARTIAL_ADD, ["done"])
+        send(h, "done", b"d1")
+        assert bodies(drain(h, "c1")) == [b"b0", b"d1"]  # b0 is due again
+    finally:
+        h.close()
+        h.loop.close()

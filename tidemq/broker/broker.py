@@ -107,6 +107,7 @@ class Broker:
                 if self.journal.needs_compaction():
                     self.journal.compact(self.subscriptions.values())
                 self.lite.expire(self.clock())
+                self.lite.maintain(self.clock())
                 self.sessions.expire(self.clock())
             except Exception:
                 log.exception("broker maintenance failed")

@@ -297,6 +297,13 @@ class ConsumerOffsets:
                 continue
         return out
 
+    def forget(self, keys: list[tuple[str, str]]) -> None:
+        """Drop the offsets of (group, topic) pairs whose queues are gone."""
+        for config_file in self.files:
+            removed = [config_file.table.pop(offset_key(topic, group), None) for group, topic in keys]
+            if any(entry is not None for entry in removed):
+                config_file.save()
+
     def update(self, offsets: dict[tuple[str, str], dict[int, int]]) -> bool:
         """Merge `offsets` ((group, topic) -> {qid: offset}) into the tables; save each that
         changed.  Returns whether any did."""

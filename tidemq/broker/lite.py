@@ -186,6 +186,7 @@ class Lite:
         # with the light queues sends opened since (a new queue's first message may be in dispatch)
         self._counts: dict[str, int] = {}
         self._opened: set[str] = set()
+        self._committed: dict[tuple[str, str], int] = {}  # (group, light queue) -> offset the store was told
 
     # -- groups -------------------------------------------------------------------------------
 
@@ -318,6 +319,43 @@ class Lite:
         for client_id in gone:
             log.info("lite subscriptions of client %s removed: it is gone", client_id)
             self.client_gone(client_id)
+
+    def maintain(self, now: int) -> list[str]:
+        """Tell the store each group's consumed offset of its light queues (expiry takes a queue
+        only when every group that consumed it is at its end), run the store's expiry of idle,
+        fully consumed light queues, and forget the queues it removed; returns their names."""
+        light = self.broker.store.light_queues
+        if light is None:
+            return []
+        committed = self._committed
+        for key, sub in self.broker.subscriptions.items():
+            q = sub.queues.get(0) if is_lmq(key[1]) else None
+            if q is not None and committed.get(key) != q.consumed_offset:
+                light.commit_consumer_offset(key[0], key[1], q.consumed_offset, now)
+                committed[key] = q.consumed_offset
+        expired = light.expire_idle(now)
+        self.forget(expired)
+        return expired
+
+    def forget(self, names: list[str]) -> None:
+        """Light queues the store removed: the groups' progress on them goes (a queue of that name
+        starts again at offset 0), and so does every client's subscription of their lite topics,
+        each client being told."""
+        if not names:
+            return
+        broker, gone = self.broker, set(names)
+        keys = [key for key in broker.subscriptions if key[1] in gone]
+        for key in keys:
+            del broker.subscriptions[key]
+            self._committed.pop(key, None)
+        if keys:
+            broker.consumer_offsets.forget(keys)
+            broker.journal.compact(broker.subscriptions.values())
+        self._counts.clear()
+        for name in sorted(gone):
+            lite = parse_lite_queue(name)
+            if lite is not None:
+                self.drop(*lite)
 
     def drop(self, bind_topic: str, lite_topic: str) -> list[str]:
         """The server drops every client's subscription of a lite topic (its queue is gone): each
