@@ -449,14 +449,25 @@ class Lite:
         names = sorted(client.topics)
         start = self._rotation.get(req.client_id, 0) % len(names)
         self._rotation[req.client_id] = start + 1
+        queues = [lmq_name(bind.name, name) for name in names[start:] + names[:start]]
         batch = min(req.batch_size, self.config.max_batch_size)
+        now = broker.clock()
         out: list[Received] = []
         due: int | None = None
-        for i in range(len(names)):
+        for queue, high in zip(queues, max_offsets(broker.store, queues)):
             if len(out) >= batch:
                 break
-            queue = lmq_name(bind.name, names[(start + i) % len(names)])
-            sub = broker._subscription(group.name, queue)
+            existing = broker.subscriptions.get((group.name, queue))
+            if existing is not None:
+                next_due = existing.next_due()
+                progress = existing.queues.get(0)
+                if (next_due is None or next_due > now) and (high == 0 if progress is None else progress.cursor >= high):
+                    if next_due is not None and (due is None or next_due < due):
+                        due = next_due
+                    continue  # nothing new, nothing due
+            elif high == 0:
+                continue
+            sub = existing or broker._subscription(group.name, queue)
             try:
                 out.extend(broker.pop(sub, light_queue_config(queue), group, tag_filter,
                                       dataclasses.replace(req, batch_size=batch - len(out))))
@@ -480,6 +491,14 @@ class UnsubscribeLite:
 def _last_seen(sessions, client_id: str) -> int:
     session = sessions.clients.get(client_id)
     return session.last_seen if session is not None else 0
+
+
+def max_offsets(store, names: list[str]) -> list[int]:
+    """Each light queue's max offset, the key-value ones read in one snapshot."""
+    light = store.light_queues
+    if light is None or light.kv is None or light.use_files or light.file_queues:
+        return [store.max_offset(name, 0) for name in names]
+    return light.kv.max_offsets(names)
 
 
 def light_queue_names(store, prefix: str):
