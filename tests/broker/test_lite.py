@@ -6,9 +6,24 @@ import asyncio
 
 import pytest
 
-from tidemq.broker import Broker, BrokerConfig, BrokerError, Code, Publish, ReceiveRequest, admin, dead_letter_topic
-from tidemq.broker import lite
-from tidemq.broker.lite import COMPLETE_ADD, COMPLETE_REMOVE, PARTIAL_ADD, PARTIAL_REMOVE, OffsetOption
+from tidemq.broker import (
+    Broker,
+    BrokerConfig,
+    BrokerError,
+    Code,
+    Publish,
+    ReceiveRequest,
+    admin,
+    dead_letter_topic,
+    lite,
+)
+from tidemq.broker.lite import (
+    COMPLETE_ADD,
+    COMPLETE_REMOVE,
+    PARTIAL_ADD,
+    PARTIAL_REMOVE,
+    OffsetOption,
+)
 from tidemq.store import Message, MessageStore, StoreConfig
 
 from .conftest import Harness

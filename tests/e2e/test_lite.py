@@ -9,8 +9,15 @@ from __future__ import annotations
 import json
 import threading
 
-from rocketmq import ConsumeResult, FilterExpression, LitePushConsumer, LiteSimpleConsumer, MessageListener
+from rocketmq import (
+    ConsumeResult,
+    FilterExpression,
+    LitePushConsumer,
+    LiteSimpleConsumer,
+    MessageListener,
+)
 from rocketmq.grpc_protocol import definition_pb2 as pb
+
 from tidemq.protocol.grpc import admin_call
 from tidemq.store import Message, MessageStore
 

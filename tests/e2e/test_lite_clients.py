@@ -6,6 +6,7 @@ topic's messages never reach it.  One server (the subject does not depend on the
 from __future__ import annotations
 
 import pytest
+
 from tidemq.protocol.grpc import admin_call
 
 from .server import wait_until

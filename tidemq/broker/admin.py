@@ -148,7 +148,7 @@ def list_lite(broker: Broker, bind_topic: str, prefix: str = "", group: str | No
                     if g.lite_bind_topic == bind_topic and (group is None or g.name == group))
     subscribers = broker.lite.table.subscribers(group, bind_topic)
     store = broker.store
-    out = []
+    out: list[dict] = []
     for lite_topic, queue in broker.lite.queues(bind_topic, prefix):
         if len(out) >= limit:
             break
