@@ -141,6 +141,12 @@ def test_a_lite_message_past_its_attempts_goes_to_the_dead_letter_queue_once(har
     assert dead.body == b"doomed" and dead.properties[lite.PROPERTY_LITE_TOPIC] == "a"
     assert harness.store.max_offset(lite.queue_of("B", "a"), 0) == 1  # not dispatched into it again
     assert harness.receive("G", "B", client_id="c1") == []
+    send(harness, "a", b"forwarded")  # a FIFO push consumer forwards it after its local retries
+    (got,) = harness.receive("G", "B", client_id="c1")
+    harness.run(harness.broker.forward_to_dead_letter("G", lite.queue_of("B", "a"), got.receipt_handle))
+    harness.store.wait_dispatched()
+    assert [harness.store.read_unit(u).body for u in harness.store.read_units(dlq, 0, 0, 10)] == [b"doomed", b"forwarded"]
+    assert harness.receive("G", "B", client_id="c1") == []
 
 
 def test_the_subscription_quota_refuses_a_set_past_it_and_changes_nothing(tmp_path):
