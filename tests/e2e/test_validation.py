@@ -119,17 +119,16 @@ def test_send_validation(stub, kw, code):
     assert send_code(stub, **kw) == code
 
 
-@pytest.mark.parametrize("message_type", ["LITE"])
-def test_later_message_types_are_refused_as_not_supported_yet(server, stub, message_type):
+def test_a_lite_message_needs_its_lite_topic(server, stub):
     from tidemq.protocol.grpc import admin_call
 
-    topic = f"Typed{message_type}"
-    admin_call(server.address, "CreateTopic", name=topic, queue_nums=2, message_type=message_type)
-    extra = {}
-    response = stub.SendMessage(send_request(topic=topic, message_type=pb.MessageType.Value(message_type), **extra),
-                                metadata=META, timeout=5)
-    assert response.status.code == pb.NOT_IMPLEMENTED
-    assert "not supported yet" in response.status.message
+    topic = "TypedLITE"
+    admin_call(server.address, "CreateTopic", name=topic, queue_nums=2, message_type="LITE")
+    response = stub.SendMessage(send_request(topic=topic, message_type=pb.LITE), metadata=META, timeout=5)
+    assert response.status.code == pb.ILLEGAL_LITE_TOPIC
+    response = stub.SendMessage(send_request(topic=topic, message_type=pb.LITE, lite_topic="room-1"), metadata=META,
+                                timeout=5)
+    assert response.status.code == pb.OK
 
 
 def test_route_advertises_accept_message_types_per_topic_type(server, stub):
