@@ -345,9 +345,14 @@ def test_an_idle_consumed_lite_queue_expires_with_its_progress_and_its_subscribe
         for r in h.receive("G", "B", client_id="c1"):
             if r.record.body == b"d0":
                 h.broker.ack("G", lite.queue_of("B", "done"), r.receipt_handle)  # b0 stays in flight
-        assert h.broker.lite.maintain(h.clock()) == []  # not idle yet
+        h.broker.lite.commit_offsets(h.clock())
+        h.store.run_maintenance()
+        assert h.store.max_offset(lite.queue_of("B", "done"), 0) == 1  # not idle yet
         h.clock.advance(61_000)
-        assert h.broker.lite.maintain(h.clock()) == [lite.queue_of("B", "done")]
+        h.store.run_maintenance()
+        h.run(asyncio.sleep(0))  # the broker hears of it on its loop
+        assert h.store.max_offset(lite.queue_of("B", "done"), 0) == 0
+        assert h.store.max_offset(lite.queue_of("B", "busy"), 0) == 1
         assert outbox.get_nowait() == lite.UnsubscribeLite("done")
         assert h.broker.lite.topics_of("c1") == ["busy"]  # in flight: live
         assert ("G", lite.queue_of("B", "done")) not in h.broker.subscriptions

@@ -80,6 +80,7 @@ class Broker:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.store.subscribe(self._on_arrival)
+        self.store.on_light_queues_expired(self._on_light_queues_expired)
         self.store.wait_dispatched()  # the half and op queues are read whole
         self.transactions.rebuild()
         self._maintenance = self._spawn(self._maintenance_loop())
@@ -97,6 +98,14 @@ class Broker:
             except RuntimeError:
                 pass  # the loop closed between the check and the call
 
+    def _on_light_queues_expired(self, names: list[str]) -> None:  # maintenance thread
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self.lite.forget, names)
+            except RuntimeError:
+                pass  # the loop closed between the check and the call
+
     async def _maintenance_loop(self) -> None:
         while True:
             await clock.sleep(self.clock, self.config.renew_interval_ms)
@@ -107,7 +116,7 @@ class Broker:
                 if self.journal.needs_compaction():
                     self.journal.compact(self.subscriptions.values())
                 self.lite.expire(self.clock())
-                self.lite.maintain(self.clock())
+                self.lite.commit_offsets(self.clock())
                 self.sessions.expire(self.clock())
             except Exception:
                 log.exception("broker maintenance failed")

@@ -320,25 +320,22 @@ class Lite:
             log.info("lite subscriptions of client %s removed: it is gone", client_id)
             self.client_gone(client_id)
 
-    def maintain(self, now: int) -> list[str]:
-        """Tell the store each group's consumed offset of its light queues (expiry takes a queue
-        only when every group that consumed it is at its end), run the store's expiry of idle,
-        fully consumed light queues, and forget the queues it removed; returns their names."""
+    def commit_offsets(self, now: int) -> None:
+        """Tell the store each group's consumed offset of its light queues that moved: the store's
+        expiry takes a queue only when every group that consumed it is at its end (and the queue
+        was idle since the last commit)."""
         light = self.broker.store.light_queues
         if light is None:
-            return []
+            return
         committed = self._committed
         for key, sub in self.broker.subscriptions.items():
             q = sub.queues.get(0) if is_lmq(key[1]) else None
             if q is not None and committed.get(key) != q.consumed_offset:
                 light.commit_consumer_offset(key[0], key[1], q.consumed_offset, now)
                 committed[key] = q.consumed_offset
-        expired = light.expire_idle(now)
-        self.forget(expired)
-        return expired
 
     def forget(self, names: list[str]) -> None:
-        """Light queues the store removed: the groups' progress on them goes (a queue of that name
+        """Light queues the store's expiry removed: the groups' progress on them goes (a queue of that name
         starts again at offset 0), and so does every client's subscription of their lite topics,
         each client being told."""
         if not names:

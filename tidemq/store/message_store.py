@@ -210,6 +210,7 @@ class MessageStore:
             multi_dispatch=cfg.enable_multi_dispatch, backend=cfg.light_queue_store,
             idle_expiry_ms=cfg.light_queue_idle_expiry_ms, max_name_bytes=cfg.max_topic_bytes,
         ) if cfg.enable_lmq else None
+        self._expiry_listeners: list[Callable[[list[str]], None]] = []  # told of expired light queues
         self._encoder = MessageEncoder(cfg, self.commit_log.segment_size)
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.key_index = (
@@ -667,6 +668,11 @@ class MessageStore:
     def queues(self) -> list[tuple[str, int]]:
         return sorted(self.consume_queues.queues)
 
+    def on_light_queues_expired(self, listener: Callable[[list[str]], None]) -> None:
+        """`listener(names)` is called on the maintenance thread with the light queues an expiry
+        run removed (a queue of the same name starts again at offset 0)."""
+        self._expiry_listeners.append(listener)
+
     def subscribe(self, listener: ArrivalListener) -> None:
         """`listener({(topic, queue_id): new max offset, ...})` is called on the dispatch thread
         whenever queues get newly committed entries."""
@@ -766,7 +772,9 @@ class MessageStore:
     def run_maintenance(self) -> None:
         self.delete_expired_segments()
         if self.light_queues is not None:
-            self.light_queues.expire_due(self.clock())
+            expired = self.light_queues.expire_due(self.clock())
+            for listener in self._expiry_listeners if expired else ():
+                listener(expired)
         self.save_checkpoint()
 
     def delete_expired_segments(self) -> int:
