@@ -9,11 +9,21 @@ import pytest
 
 from tidemq.protocol.grpc import admin_call
 
-from .server import wait_until
+from .server import ServerProcess, wait_until
 from .test_lite import lite_topic_and_group, send_lite
 from .test_sdk import clients, unique  # noqa: F401 (fixture)
 
 FLUSH_MODES = ("async",)
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory):
+    """The module's broker, telling push consumers a long polling time of 5 s: a client's
+    shutdown waits for its receive in progress."""
+    s = ServerProcess(tmp_path_factory.mktemp("lite-clients") / "store", "--flush", request.param,
+                      "--long-polling-timeout-ms", "5000").start()
+    yield s
+    assert s.stop() == 0, s.log_text()
 
 
 def progress(address: str, topic: str) -> dict[str, tuple[int, int]]:
