@@ -235,14 +235,14 @@ class Lite:
         broker = self.broker
         validation.check_group_name(group_name, self.config)
         validation.check_topic_name(bind_topic, self.config)
-        group = broker.group(group_name)
-        self.bind(group, bind_topic)
         quota = self.config.lite_subscription_quota
         if len(names) > quota + _REQUEST_SLACK:
             raise BrokerError(Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
                               f"{len(names)} lite topics in one request, more than the quota {quota} + {_REQUEST_SLACK}")
         for name in names:
             validation.check_lite_topic(name, self.config.max_lite_topic_size)
+        group = broker.group(group_name)
+        self.bind(group, bind_topic)
         now = broker.clock()
         client = self.table.clients.get(client_id)
         if client is not None and version is not None and 0 <= version < client.version:
