@@ -175,8 +175,8 @@ def _group_list(args) -> int:
 
 def _lite_list(args) -> int:
     listing = _call(args, "ListLite", bind_topic=args.bind_topic, prefix=args.prefix, group=args.group, limit=args.limit)
-    lines = [f"{listing['bind_topic']}  {len(listing['lite_topics'])} lite topics  lite groups: "
-             f"{', '.join(listing['groups']) or '-'}"]
+    groups = ", ".join(listing["groups"]) or "-"
+    lines = [f"{listing['bind_topic']}  {len(listing['lite_topics'])} lite topics  lite groups: {groups}"]
     for t in listing["lite_topics"]:
         backlog = "  ".join(f"{g['group']} backlog {g['backlog']} in flight {g['in_flight']}" for g in t["groups"])
         lines.append(f"  {t['lite_topic']}  max {t['max_offset']}  subscribers {t['subscribers']}  {backlog}".rstrip())

@@ -329,7 +329,7 @@ class Broker:
 
     async def receive(self, req: ReceiveRequest) -> list[Received]:
         topic, group, tag_filter = self.check_receive(req)
-        if topic.message_type == LITE and not lite.is_lmq(topic.name) or group.lite_bind_topic:
+        if (topic.message_type == LITE and not lite.is_lmq(topic.name)) or group.lite_bind_topic:
             return await self.lite.receive(req, topic, group, tag_filter)
         sub = self._subscription(group.name, topic.name)
         give_up = self.clock() + req.poll_ms
@@ -437,7 +437,7 @@ class Broker:
         """Deliver the due delivery `d` again, drop it (gone, or filtered out), or mark it for the
         dead-letter queue (past the group's max attempts); `replaced` gets the deliveries it replaces."""
         rec = self.store.read_record(d.commit_log_offset)
-        if rec is None or (rec.queue_offset != d.queue_offset or rec.topic != sub.topic) and not lite.is_lmq(sub.topic):
+        if rec is None or ((rec.queue_offset != d.queue_offset or rec.topic != sub.topic) and not lite.is_lmq(sub.topic)):
             sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
             self._journal_done(sub, d)
             return

@@ -6,9 +6,17 @@ from functools import lru_cache
 from hashlib import md5
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
-from ...broker import lite
 from ...broker import priority as priorities
 from ...broker.fifo import PROPERTY_SHARDING_KEY
+from ...broker.lite import (
+    COMPLETE_ADD,
+    COMPLETE_REMOVE,
+    PARTIAL_ADD,
+    PARTIAL_REMOVE,
+    PROPERTY_LITE_TOPIC,
+    OffsetOption,
+    UnsubscribeLite,
+)
 from ...broker.metadata import DLQ_PREFIX, RETRY_PREFIX
 from ...broker.transactions import PROPERTY_TRANSACTION_PREPARED, TransactionCheck
 from ...broker.validation import RESERVED_PROPERTIES
@@ -183,7 +191,7 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     message_group = properties.get(PROPERTY_SHARDING_KEY)
     if message_group:
         sp.message_group = message_group
-    lite_topic = properties.get(lite.PROPERTY_LITE_TOPIC)
+    lite_topic = properties.get(PROPERTY_LITE_TOPIC)
     if lite_topic:
         sp.lite_topic = lite_topic
     sp.message_type = delivered_message_type(properties)
@@ -218,7 +226,7 @@ def delivered_message_type(properties: dict[str, str]) -> int:
         return pb.FIFO
     if priorities.PROPERTY_PRIORITY in properties:
         return pb.PRIORITY
-    if lite.PROPERTY_LITE_TOPIC in properties:
+    if PROPERTY_LITE_TOPIC in properties:
         return pb.LITE
     return pb.NORMAL
 
@@ -240,12 +248,12 @@ def _set_ms(timestamp_or_duration, ms: int) -> None:
     timestamp_or_duration.nanos = millis * 1_000_000
 
 
-LITE_ACTIONS = {pb.PARTIAL_ADD: lite.PARTIAL_ADD, pb.PARTIAL_REMOVE: lite.PARTIAL_REMOVE,
-                pb.COMPLETE_ADD: lite.COMPLETE_ADD, pb.COMPLETE_REMOVE: lite.COMPLETE_REMOVE}
+LITE_ACTIONS = {pb.PARTIAL_ADD: PARTIAL_ADD, pb.PARTIAL_REMOVE: PARTIAL_REMOVE,
+                pb.COMPLETE_ADD: COMPLETE_ADD, pb.COMPLETE_REMOVE: COMPLETE_REMOVE}
 _OFFSET_POLICIES = {0: "LAST", 1: "MIN", 2: "MAX"}
 
 
-def offset_option(request) -> lite.OffsetOption | None:
+def offset_option(request) -> OffsetOption | None:
     """The OffsetOption of a SyncLiteSubscriptionRequest, None when it has none."""
     if not request.HasField("offset_option"):
         return None
@@ -256,10 +264,10 @@ def offset_option(request) -> lite.OffsetOption | None:
         raise BrokerError(Code.BAD_REQUEST, f"unknown offset policy {option.policy}")
     if which in ("offset", "tail_n", "timestamp") and getattr(option, which) < 0:
         raise BrokerError(Code.ILLEGAL_OFFSET, f"offset option {which} {getattr(option, which)} is negative")
-    return lite.OffsetOption(policy=policy, **({which: getattr(option, which)} if which in ("offset", "tail_n", "timestamp") else {}))
+    return OffsetOption(policy=policy, **({which: getattr(option, which)} if which in ("offset", "tail_n", "timestamp") else {}))
 
 
-def unsubscribe_lite(command: lite.UnsubscribeLite) -> svc.TelemetryCommand:
+def unsubscribe_lite(command: UnsubscribeLite) -> svc.TelemetryCommand:
     out = svc.TelemetryCommand()
     out.notify_unsubscribe_lite_command.lite_topic = command.lite_topic
     return out
