@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 
+from google.protobuf.duration_pb2 import Duration
 from rocketmq import (
     ConsumeResult,
     FilterExpression,
@@ -17,6 +18,7 @@ from rocketmq import (
     MessageListener,
 )
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.v5.exception import LiteSubscriptionQuotaExceededException
 
 from tidemq.protocol.grpc import admin_call
@@ -25,6 +27,7 @@ from tidemq.store import Message, MessageStore
 from .server import tidemq, wait_until
 from .test_restart import receive, retrying
 from .test_sdk import clients, message, unique  # noqa: F401 (fixture)
+from .test_validation import stub  # noqa: F401 (fixture)
 
 FLUSH_MODES = ("sync",)
 
@@ -182,3 +185,29 @@ def test_lite_subscriptions_survive_a_restart_and_a_light_queue_serves_a_simple_
     assert again.delivery_attempt == 2
     simple.ack(again)
     assert receive(simple) == []
+
+
+def test_sync_lite_subscription_over_grpc_takes_offset_options_and_refuses_bad_requests(server, clients, stub):  # noqa: F811
+    topic, group = lite_topic_and_group(server.address)
+    producer = clients.producer(topic)
+    ids = [retrying(producer.send, lite_message(topic, "tail", b"t%d" % i)).message_id for i in range(3)]
+    meta = (("x-mq-client-id", unique("raw-lite")), ("x-mq-language", "JAVA"))
+
+    def sync(names, **option):
+        request = svc.SyncLiteSubscriptionRequest(action=pb.PARTIAL_ADD, lite_topic_set=names)
+        request.topic.name, request.group.name = topic, group
+        if option:
+            request.offset_option.CopyFrom(pb.OffsetOption(**option))
+        return stub.SyncLiteSubscription(request, metadata=meta, timeout=5).status.code
+
+    wait_until(lambda: [t["max_offset"] for t in admin_call(server.address, "ListLite", bind_topic=topic)["lite_topics"]] == [3],
+               what="the lite topic's three messages dispatched")
+    assert sync(["tail"], tail_n=1) == pb.OK
+    request = svc.ReceiveMessageRequest(batch_size=32, long_polling_timeout=Duration(seconds=1))
+    request.group.name, request.message_queue.topic.name = group, topic
+    request.invisible_duration.FromSeconds(30)
+    got = [r.message for r in stub.ReceiveMessage(request, metadata=meta, timeout=10) if r.HasField("message")]
+    assert [(m.system_properties.message_id, m.system_properties.lite_topic) for m in got] == [(ids[-1], "tail")]
+    assert sync(["t"] * 2000) == pb.LITE_SUBSCRIPTION_QUOTA_EXCEEDED  # past the quota + 300 in one request
+    assert sync(["a/b"]) == pb.ILLEGAL_LITE_TOPIC
+    assert sync(["ok"], tail_n=-1) == pb.ILLEGAL_OFFSET
