@@ -11,6 +11,7 @@ same entry.  Sending lives in `publishing.Publisher`, FIFO groups' message-group
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from ..store import Message, MessageStore, record
@@ -330,12 +331,17 @@ class Broker:
     async def receive(self, req: ReceiveRequest) -> list[Received]:
         topic, group, tag_filter = self.check_receive(req)
         if (topic.message_type == LITE and not lite.is_lmq(topic.name)) or group.lite_bind_topic:
-            return await self.lite.receive(req, topic, group, tag_filter)
-        sub = self._subscription(group.name, topic.name)
+            self.lite.check_receive(group, topic)  # a lite consumer's light queues, held on its bind topic
+            pop = functools.partial(self.lite.pop, req, topic, group, tag_filter)
+            next_due = functools.partial(self.lite.next_due, req.client_id, topic, group)
+        else:
+            sub = self._subscription(group.name, topic.name)
+            pop = functools.partial(self.pop, sub, topic, group, tag_filter, req)
+            next_due = sub.next_due
         give_up = self.clock() + req.poll_ms
         while True:
             self._scan_incomplete = False
-            got = self.pop(sub, topic, group, tag_filter, req)
+            got = pop()
             if got or self.long_polling.closed or self.sessions.terminated(req.client_id):
                 return got
             remaining = give_up - self.clock()
@@ -344,7 +350,7 @@ class Broker:
             if self._scan_incomplete:  # filtered-out entries left to skip: go on, letting others run
                 await asyncio.sleep(0)
                 continue
-            due = sub.next_due()
+            due = next_due()
             if due is not None:
                 remaining = min(remaining, max(0, due - self.clock()))
             await self.long_polling.wait(topic.name, req.client_id, remaining)

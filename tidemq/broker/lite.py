@@ -413,58 +413,30 @@ class Lite:
 
     # -- receiving ----------------------------------------------------------------------------
 
-    async def receive(self, req: ReceiveRequest, bind: TopicConfig, group: GroupConfig, tag_filter: Filter) -> list[Received]:
-        """A receive on a bind topic: the client's subscribed lite topics' messages, held (long
-        polling) until one arrives, a retry comes due or the poll time passes."""
-        self.check_receive(group, bind)
+    def pop(self, req: ReceiveRequest, bind: TopicConfig, group: GroupConfig, tag_filter: Filter) -> list[Received]:
+        """A receive's pop on a bind topic: the client's lite topics in turn (starting one further
+        each pop), those with new entries or due retries only, up to the batch size."""
         broker = self.broker
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + req.poll_ms / 1000
-        while True:
-            broker._scan_incomplete = False
-            got, due = self.pop(req, bind, group, tag_filter)
-            if got or broker.long_polling.closed or broker.sessions.terminated(req.client_id):
-                return got
-            remaining = give_up - loop.time()
-            if remaining <= 0:
-                return got
-            if broker._scan_incomplete:
-                await asyncio.sleep(0)
-                continue
-            if due is not None:
-                remaining = min(remaining, max(0.0, (due - broker.clock()) / 1000))
-            await broker.long_polling.wait(bind.name, req.client_id, remaining)
-
-    def pop(self, req: ReceiveRequest, bind: TopicConfig, group: GroupConfig,
-            tag_filter: Filter) -> tuple[list[Received], int | None]:
-        """Pop the client's lite topics in turn (starting one further each pop) up to the batch
-        size; returns the messages and the earliest retry deadline among those queues."""
-        broker = self.broker
-        client = self.table.clients.get(req.client_id)
-        if client is None or client.group != group.name or client.bind_topic != bind.name or not client.topics:
-            return [], None
-        names = sorted(client.topics)
-        start = self._rotation.get(req.client_id, 0) % len(names)
+        queues = self._queues_of(req.client_id, bind, group)
+        if not queues:
+            return []
+        start = self._rotation.get(req.client_id, 0) % len(queues)
         self._rotation[req.client_id] = start + 1
-        queues = [lmq_name(bind.name, name) for name in names[start:] + names[:start]]
+        queues = queues[start:] + queues[:start]
         batch = min(req.batch_size, self.config.max_batch_size)
         now = broker.clock()
         out: list[Received] = []
-        due: int | None = None
         for queue, high in zip(queues, max_offsets(broker.store, queues)):
             if len(out) >= batch:
                 break
-            existing = broker.subscriptions.get((group.name, queue))
-            if existing is not None:
-                next_due = existing.next_due()
-                progress = existing.queues.get(0)
-                if (next_due is None or next_due > now) and (high == 0 if progress is None else progress.cursor >= high):
-                    if next_due is not None and (due is None or next_due < due):
-                        due = next_due
+            sub = broker.subscriptions.get((group.name, queue))
+            if sub is not None:
+                due, progress = sub.next_due(), sub.queues.get(0)
+                if (due is None or due > now) and (high == 0 if progress is None else progress.cursor >= high):
                     continue  # nothing new, nothing due
             elif high == 0:
                 continue
-            sub = existing or broker._subscription(group.name, queue)
+            sub = sub or broker._subscription(group.name, queue)
             try:
                 out.extend(broker.pop(sub, light_queue_config(queue), group, tag_filter,
                                       dataclasses.replace(req, batch_size=batch - len(out))))
@@ -472,10 +444,22 @@ class Lite:
                 if out:  # the journal refused this queue's pop: hand over what the others gave
                     break
                 raise
-            next_due = sub.next_due()
-            if next_due is not None and (due is None or next_due < due):
-                due = next_due
-        return out, due
+        return out
+
+    def next_due(self, client_id: str, bind: TopicConfig, group: GroupConfig) -> int | None:
+        """The earliest retry deadline among the client's lite topics."""
+        subscriptions = self.broker.subscriptions
+        dues = [sub.next_due() for sub in (subscriptions.get((group.name, q)) for q in self._queues_of(client_id, bind, group))
+                if sub is not None]
+        return min((due for due in dues if due is not None), default=None)
+
+    def _queues_of(self, client_id: str, bind: TopicConfig, group: GroupConfig) -> list[str]:
+        """The light queues of the client's lite topics, if it subscribed as a client of `group` on
+        `bind`."""
+        client = self.table.clients.get(client_id)
+        if client is None or client.group != group.name or client.bind_topic != bind.name:
+            return []
+        return [lmq_name(bind.name, name) for name in sorted(client.topics)]
 
 
 @dataclass(frozen=True, slots=True)
