@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 
 from ..store import Message, MessageStore, record
 from . import clock, fifo, lite, timers, validation
@@ -330,6 +331,8 @@ class Broker:
 
     async def receive(self, req: ReceiveRequest) -> list[Received]:
         topic, group, tag_filter = self.check_receive(req)
+        pop: Callable[[], list[Received]]
+        next_due: Callable[[], int | None]
         if (topic.message_type == LITE and not lite.is_lmq(topic.name)) or group.lite_bind_topic:
             self.lite.check_receive(group, topic)  # a lite consumer's light queues, held on its bind topic
             pop = functools.partial(self.lite.pop, req, topic, group, tag_filter)
