@@ -36,7 +36,6 @@ def _store_inspect(args: argparse.Namespace) -> int:
     for sink, (behind, millis) in lags.items():
         print(f"  {sink}: {behind} bytes, {millis} ms behind")
     print(f"queues: {len(queues)}")
-    print(f"light queues: {_light_queue_count(Path(args.dir), queues)}")
     for q in queues:
         print(f"  {q.topic}/{q.queue_id}  min {q.min_offset}  max {q.max_offset}")
     from .store.light.kv import offline_count
@@ -49,21 +48,6 @@ def _store_inspect(args: argparse.Namespace) -> int:
         print(f"light queues: {count + files} ({count} in the key-value tables, dispatched to offset {dispatched}; "
               f"{files} file queues)")
     return 0
-
-
-def _light_queue_count(directory: Path, queues) -> int:
-    """Live light queues: those in the key-value tables and those kept as file queues."""
-    from .store.light.kv import KvLightQueues
-    from .store.light.queues import KV_DIRECTORY, LMQ_PREFIX
-
-    files = sum(1 for q in queues if q.topic.startswith(LMQ_PREFIX))
-    if not (directory / KV_DIRECTORY).exists():
-        return files
-    kv = KvLightQueues(directory / KV_DIRECTORY)
-    try:
-        return files + kv.count()
-    finally:
-        kv.close()
 
 
 def _store_check(args: argparse.Namespace) -> int:
