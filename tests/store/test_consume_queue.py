@@ -1,4 +1,5 @@
-"""ConsumeQueue files: 20-byte units, file roll-over, ranges, frontier, time search, truncation."""
+"""ConsumeQueue files: 20-byte units, file roll-over, blank padding, truncation, directories.  What
+every queue store does (frontier, reads, time search) is in test_queue_store_contract.py."""
 
 import ctypes
 import mmap
@@ -28,28 +29,6 @@ def test_units_are_rocketmq_bytes_and_files_roll(tmp_path):
     assert (reopened.min_offset, reopened.max_offset, reopened.max_physical_offset) == (0, 10, 2000)
 
 
-def test_frontier_hides_entries_written_out_of_order(tmp_path):
-    cq = ConsumeQueue(tmp_path, "t", 1, units_per_file=8)
-    cq.initialize_at(0)
-    for q in (0, 1, 4):
-        cq.write(q, q * 10, 10, 0)
-        cq.commit(q)
-    assert cq.max_offset == 2
-    assert [u.queue_offset for u in cq.read(0, 10)] == [0, 1]
-    for q in (2, 3):
-        cq.write(q, q * 10, 10, 0)
-        cq.commit(q)
-    assert cq.max_offset == 5
-    assert [u.queue_offset for u in cq.read(0, 10)] == [0, 1, 2, 3, 4]
-
-
-def test_rewriting_a_committed_slot_is_a_no_op(tmp_path):
-    cq = ConsumeQueue(tmp_path, "t", 0, units_per_file=8)
-    assert cq.put(0, 0, 10, 0)
-    assert not cq.put(0, 999, 10, 0)
-    assert cq.read(0, 1)[0].commit_log_offset == 0
-
-
 def test_late_first_entry_is_padded_with_blank_units(tmp_path):
     cq = ConsumeQueue(tmp_path, "t", 0, units_per_file=4)
     cq.initialize_at(6)
@@ -63,22 +42,6 @@ def test_late_first_entry_is_padded_with_blank_units(tmp_path):
     assert reopened.units_per_file == 4  # taken from the file size
     assert (reopened.min_offset, reopened.max_offset) == (6, 7)
     assert [u.queue_offset for u in reopened.read(0, 10)] == [6]
-
-
-def test_offset_for_timestamp(tmp_path):
-    cq = ConsumeQueue(tmp_path, "t", 0, units_per_file=16)
-    times = {}
-    stamps = [100, 200, 200, 200, 300, 400]
-    for q, ts in enumerate(stamps):
-        cq.put(q, q * 10, 10, 0)
-        times[q * 10] = ts
-    look = times.get
-    assert cq.offset_for_timestamp(200, look) == 1
-    assert cq.offset_for_timestamp(200, look, upper=True) == 3
-    assert cq.offset_for_timestamp(250, look) == 4
-    assert cq.offset_for_timestamp(250, look, upper=True) == 3
-    assert cq.offset_for_timestamp(50, look) == 0
-    assert cq.offset_for_timestamp(999, look) == 6  # clamped to max
 
 
 def test_truncate_and_correct_min(tmp_path):
