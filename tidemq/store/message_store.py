@@ -31,7 +31,7 @@ from typing import NamedTuple, overload
 from .dispatch.lag import milliseconds_behind, sink_lags
 from .dispatch.parallel import ParallelDispatcher
 from .dispatch.requests import ArrivalListener
-from .errors import CorruptStoreError, StoreClosedError, StoreIOError, StoreLockedError
+from .errors import StoreClosedError, StoreIOError, StoreLockedError
 from .format import record
 from .index.index_file import DEFAULT_HASH_SLOTS, DEFAULT_MAX_ENTRIES
 from .index.key_index import KeyIndex
@@ -42,8 +42,8 @@ from .log.flush import DurableCallback, FlushListener, GroupCommit, PeriodicServ
 from .log.message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
 from .queues.consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .queues.queue_set import ConsumeQueueStore
-from .recovery.quarantine import DAMAGED_PROPERTY, keep_damaged, placeholder
-from .recovery.recover import RecoveryReport, choose_scan_start, cut_tail, scan_log
+from .recovery.quarantine import DAMAGED_PROPERTY
+from .recovery.recover import recover
 
 log = logging.getLogger(__name__)
 
@@ -153,13 +153,6 @@ _TRANSACTION_TYPE_MASK = record.TRANSACTION_TYPE_MASK
 _TRANSACTION_COMMIT = record.TRANSACTION_COMMIT
 
 
-class _NoQueue:
-    commit_frontier = 0
-
-
-_NO_QUEUE = _NoQueue()
-
-
 class MessageStore:
     def __init__(self, directory: str | os.PathLike, config: StoreConfig | None = None) -> None:
         self.directory = Path(directory)
@@ -217,7 +210,12 @@ class MessageStore:
             KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
         )
         self.damaged_records: set[int] = set()  # offsets of damaged records reads skipped
-        self.recovery = self._recover(abnormal)
+        recovered = recover(self.directory, self.commit_log, self.consume_queues, self.key_index, self.light_queues, self.checkpoint,
+                            abnormal, cfg.repair, self._start_dispatcher)
+        self.recovery = recovered.report
+        self._queue_offsets.update(recovered.queue_offsets)
+        if recovered.last_written is not None:
+            self._last_written = recovered.last_written
         self._put_state = self._common_put_state()
         self.dispatcher.limit_source = lambda: self.confirmed_offset
         self.abort_path.write_text(str(os.getpid()))
@@ -233,116 +231,13 @@ class MessageStore:
         self._dispatch_thread.start()
         self._maintenance = PeriodicService("tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance)
 
-    def _set_aside(self, bad: record.Invalid, report: RecoveryReport) -> bool:
-        """Repair: replace the damaged record `bad` by a placeholder of its size, if its size field
-        holds (the record after it decodes); keep its bytes under repair/.  False if it cannot."""
-        segment = self.commit_log.segment_for(bad.offset)
-        if segment is None:
-            return False
-        pos = bad.offset - segment.start
-        if pos < 0 or bad.size < 91 or pos + bad.size >= segment.size:
-            return False
-        after = record.decode(segment.mm, pos + bad.size, base_offset=segment.start, check_crc=False, read_body=False)
-        if type(after) not in (record.Record, record.EndOfSegment):
-            return False
-        damaged = bytes(segment.mm[pos : pos + bad.size])
-        stand_in = placeholder(damaged, bad.offset)
-        if stand_in is None:
-            return False
-        kept = keep_damaged(self.directory, bad.offset, damaged)
-        segment.mm[pos : pos + bad.size] = stand_in
-        segment.mm.flush()
-        msg = (f"damaged record at commit-log offset {bad.offset} ({bad.reason}): replaced by a placeholder of its "
-               f"{bad.size} bytes that readers skip; the records after it are kept (damaged bytes in {kept})")
-        log.warning("repair: %s", msg)
-        report.messages.append(msg)
-        return True
-
-    def _recover(self, abnormal: bool) -> RecoveryReport:
-        commit_log, queues = self.commit_log, self.consume_queues
-        covered = queues.covered_offset()
-        start = choose_scan_start(commit_log, covered, self.checkpoint, abnormal)
-        if self.config.repair and commit_log.segments:
-            start = commit_log.segments[0].start  # a repair validates the whole log
-        scan = scan_log(commit_log, start)
-        report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
-        while self.config.repair and scan.corrupt_in_middle and scan.invalid is not None and self._set_aside(scan.invalid, report):
-            scan = scan_log(commit_log, start)
-            report.end = scan.end
-        if scan.invalid is not None:
-            bad = scan.invalid
-            if scan.corrupt_in_middle and not self.config.repair:
-                raise CorruptStoreError(
-                    f"store {self.directory}: corrupt record at commit-log offset {bad.offset} ({bad.reason}) "
-                    f"with {scan.valid_after_invalid} valid record(s) after it; refusing to open. "
-                    f"Run 'tidemq store repair {self.directory}' to cut the log there (the cut bytes are kept "
-                    f"under repair/)",
-                    bad.offset,
-                )
-            report.cut_bytes = cut_tail(commit_log, scan.end, self.directory, keep_copy=scan.corrupt_in_middle)
-            what = "corrupt record" if scan.corrupt_in_middle else "torn tail"
-            msg = f"{what} at commit-log offset {bad.offset} ({bad.reason}): cut {report.cut_bytes} bytes from there"
-            if scan.corrupt_in_middle:
-                msg += f", including {scan.valid_after_invalid}+ valid record(s) (copy kept under repair/)"
-            log.warning("recovery: %s", msg)
-            report.messages.append(msg)
-        elif commit_log.segments:
-            commit_log.truncate(scan.end)
-        commit_log.write_position = scan.end
-        commit_log.flushed_position = min(commit_log.flushed_position, start)
-        commit_log.flush()
-        if not commit_log.segments:
-            for cq in list(queues.queues.values()):
-                cq.destroy()
-            queues.queues.clear()
-        queues.truncate(scan.end)
-        if self.light_queues is not None:
-            self.light_queues.truncate(scan.end)
-        queues.correct_min_offset(commit_log.min_offset)
-        if self.key_index is not None:
-            self.key_index.recover_from_log(commit_log, scan.end, abnormal, self.checkpoint.index_msg_timestamp)
-
-        redispatch_from = queues.covered_offset()
-        if abnormal:
-            redispatch_from = min(redispatch_from, self.checkpoint.confirm_phy_offset)
-        if self.key_index is not None:
-            redispatch_from = min(redispatch_from, self.key_index.covered_offset())
-        if self.light_queues is not None:
-            redispatch_from = min(redispatch_from, self.light_queues.covered_offset())
-        redispatch_from = min(max(redispatch_from, commit_log.min_offset), scan.end)
-        report.redispatched_from = redispatch_from
-        # the store's dispatcher (worker processes, or the dispatch thread alone) redispatches
-        # what the indexes lack, and goes on from there once the store is open
-        known = set(queues.queues)  # every loaded queue has a file
-        self._start_dispatcher(redispatch_from)
-        self.dispatcher.dispatch_until(scan.end, notify=False)
-        # a queue with no file that the redispatch started past slot 0 lost its files: its
-        # earlier entries are in the log below where the redispatch began
-        late = [] if redispatch_from <= commit_log.min_offset else [
-            key for key, cq in queues.queues.items() if key not in known and cq.min_offset > 0]
-        behind = [key for key, end in scan.queue_ends.items() if (queues.get(*key) or _NO_QUEUE).commit_frontier < end]
-        if late or queues.has_holes() or behind:
-            msg = "consume queues have missing entries (deleted or damaged files); rebuilding them from the whole log"
-            log.warning("recovery: %s", msg)
-            report.messages.append(msg)
-            # the workers map the files of the queues started late: they stop before those go
-            self.dispatcher.close()
-            for key in late:
-                queues.queues.pop(key).destroy()
-            self._start_dispatcher(commit_log.min_offset)
-            self.dispatcher.dispatch_until(scan.end, notify=False)
-        for key, cq in queues.queues.items():
-            self._queue_offsets[key] = cq.commit_frontier
-        if scan.records:
-            self._last_written = (scan.end, scan.last_store_timestamp)
-        return report
-
-    def _start_dispatcher(self, offset: int) -> None:
+    def _start_dispatcher(self, offset: int) -> ParallelDispatcher:
         """The store's dispatcher, starting at `offset` (a rebuild's replaces the first: its
         statistics are those of the records it dispatches again)."""
         self.dispatcher = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers)
         if self.light_queues is not None:
             self.dispatcher.add_sink(self.light_queues)
+        return self.dispatcher
 
     # -- writing --------------------------------------------------------------------------------
 

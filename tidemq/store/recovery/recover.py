@@ -18,14 +18,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
-from ..dispatch.requests import queue_codes, queue_rows
+from ..dispatch.requests import DispatchSink, QueueKey, queue_codes, queue_rows
+from ..errors import CorruptStoreError
 from ..format import record
 from ..format.scan import RecordColumns, field_at, field_view, header_sizes, scan
 from ..log.checkpoint import Checkpoint
 from ..log.commit_log import CommitLog, Segment
+from ..queues.queue_set import ConsumeQueueStore
+from .quarantine import keep_damaged, placeholder
+
+if TYPE_CHECKING:
+    from ..index.key_index import KeyIndex
 
 _compiled_crc_prefix: Callable[..., int] | None
 try:
@@ -220,3 +227,131 @@ def cut_tail(commit_log: CommitLog, end: int, store_dir: Path, keep_copy: bool) 
             (repair_dir / f"{segment.start + lo:020d}.cut").write_bytes(data[:used])
     commit_log.truncate(end)
     return cut
+
+
+class Redispatcher(Protocol):
+    """What recovery asks of the dispatcher it starts."""
+
+    def dispatch_until(self, limit: int, notify: bool = True) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Recovered:
+    report: RecoveryReport
+    queue_offsets: dict[QueueKey, int]  # each queue's next queue offset
+    last_written: tuple[int, int] | None  # (end, store timestamp) of the newest record; None: no record
+
+
+def _frontier(queues: ConsumeQueueStore, key: QueueKey) -> int:
+    queue = queues.get(*key)
+    return queue.commit_frontier if queue is not None else 0
+
+
+def _set_aside(commit_log: CommitLog, directory: Path, bad: record.Invalid, report: RecoveryReport) -> bool:
+    """Repair: replace the damaged record `bad` by a placeholder of its size, if its size field
+    holds (the record after it decodes); keep its bytes under repair/.  False if it cannot."""
+    segment = commit_log.segment_for(bad.offset)
+    pos = bad.offset - segment.start if segment is not None else -1
+    if pos < 0 or bad.size < 91 or pos + bad.size >= segment.size:
+        return False
+    after = record.decode(segment.mm, pos + bad.size, base_offset=segment.start, check_crc=False, read_body=False)
+    if type(after) not in (record.Record, record.EndOfSegment):
+        return False
+    damaged = bytes(segment.mm[pos : pos + bad.size])
+    stand_in = placeholder(damaged, bad.offset)
+    if stand_in is None:
+        return False
+    kept = keep_damaged(directory, bad.offset, damaged)
+    segment.mm[pos : pos + bad.size] = stand_in
+    segment.mm.flush()
+    msg = (f"damaged record at commit-log offset {bad.offset} ({bad.reason}): replaced by a placeholder of its "
+           f"{bad.size} bytes that readers skip; the records after it are kept (damaged bytes in {kept})")
+    log.warning("repair: %s", msg)
+    report.messages.append(msg)
+    return True
+
+
+def recover(directory: Path, commit_log: CommitLog, queues: ConsumeQueueStore, key_index: KeyIndex | None,
+            light_queues: DispatchSink | None, checkpoint: Checkpoint, abnormal: bool, repair: bool,
+            start_dispatcher: Callable[[int], Redispatcher]) -> Recovered:
+    """Open-time recovery of a store (the policy in this module's docstring): validate the log,
+    set damaged records aside (`repair`) or refuse to open, cut what follows the last valid
+    record, cut the indexes back to it, and have the dispatcher `start_dispatcher(offset)` makes
+    re-dispatch what they miss, rebuilding every queue from the whole log if one lost entries.
+    The caller keeps the last dispatcher made, running, and each queue's next offset."""
+    covered = queues.covered_offset()
+    start = choose_scan_start(commit_log, covered, checkpoint, abnormal)
+    if repair and commit_log.segments:
+        start = commit_log.segments[0].start  # a repair validates the whole log
+    scan = scan_log(commit_log, start)
+    report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
+    while repair and scan.corrupt_in_middle and _set_aside(commit_log, directory, scan.invalid, report):
+        scan = scan_log(commit_log, start)
+        report.end = scan.end
+    if scan.invalid is not None:
+        bad = scan.invalid
+        if scan.corrupt_in_middle and not repair:
+            raise CorruptStoreError(
+                f"store {directory}: corrupt record at commit-log offset {bad.offset} ({bad.reason}) "
+                f"with {scan.valid_after_invalid} valid record(s) after it; refusing to open. "
+                f"Run 'tidemq store repair {directory}' to cut the log there (the cut bytes are kept "
+                f"under repair/)",
+                bad.offset,
+            )
+        report.cut_bytes = cut_tail(commit_log, scan.end, directory, keep_copy=scan.corrupt_in_middle)
+        what = "corrupt record" if scan.corrupt_in_middle else "torn tail"
+        msg = f"{what} at commit-log offset {bad.offset} ({bad.reason}): cut {report.cut_bytes} bytes from there"
+        if scan.corrupt_in_middle:
+            msg += f", including {scan.valid_after_invalid}+ valid record(s) (copy kept under repair/)"
+        log.warning("recovery: %s", msg)
+        report.messages.append(msg)
+    elif commit_log.segments:
+        commit_log.truncate(scan.end)
+    commit_log.write_position = scan.end
+    commit_log.flushed_position = min(commit_log.flushed_position, start)
+    commit_log.flush()
+    if not commit_log.segments:
+        for cq in list(queues.queues.values()):
+            cq.destroy()
+        queues.queues.clear()
+    queues.truncate(scan.end)
+    if light_queues is not None:
+        light_queues.truncate(scan.end)
+    queues.correct_min_offset(commit_log.min_offset)
+    if key_index is not None:
+        key_index.recover_from_log(commit_log, scan.end, abnormal, checkpoint.index_msg_timestamp)
+
+    redispatch_from = queues.covered_offset()
+    if abnormal:
+        redispatch_from = min(redispatch_from, checkpoint.confirm_phy_offset)
+    if key_index is not None:
+        redispatch_from = min(redispatch_from, key_index.covered_offset())
+    if light_queues is not None:
+        redispatch_from = min(redispatch_from, light_queues.covered_offset())
+    redispatch_from = min(max(redispatch_from, commit_log.min_offset), scan.end)
+    report.redispatched_from = redispatch_from
+    # the store's dispatcher (worker processes, or the dispatch thread alone) redispatches
+    # what the indexes lack, and goes on from there once the store is open
+    known = set(queues.queues)  # every loaded queue has a file
+    dispatcher = start_dispatcher(redispatch_from)
+    dispatcher.dispatch_until(scan.end, notify=False)
+    # a queue with no file that the redispatch started past slot 0 lost its files: its
+    # earlier entries are in the log below where the redispatch began
+    late = [] if redispatch_from <= commit_log.min_offset else [
+        key for key, cq in queues.queues.items() if key not in known and cq.min_offset > 0]
+    behind = [key for key, end in scan.queue_ends.items() if _frontier(queues, key) < end]
+    if late or queues.has_holes() or behind:
+        msg = "consume queues have missing entries (deleted or damaged files); rebuilding them from the whole log"
+        log.warning("recovery: %s", msg)
+        report.messages.append(msg)
+        # the workers map the files of the queues started late: they stop before those go
+        dispatcher.close()
+        for key in late:
+            queues.queues.pop(key).destroy()
+        dispatcher = start_dispatcher(commit_log.min_offset)
+        dispatcher.dispatch_until(scan.end, notify=False)
+    queue_offsets = {key: cq.commit_frontier for key, cq in queues.queues.items()}
+    last_written = (scan.end, scan.last_store_timestamp) if scan.records else None
+    return Recovered(report, queue_offsets, last_written)
