@@ -24,10 +24,11 @@ from trees import same_tree
 from tidemq.store import Message, MessageStore, StoreConfig, record
 from tidemq.store.dispatch import builder as batch_builder
 from tidemq.store.dispatch.builder import BatchBuilder, owner_of
+from tidemq.store.dispatch.faults import CRASH_ENV
 from tidemq.store.dispatch.messages import Channel, IndexAppend, UnitsHandover
 from tidemq.store.dispatch.parallel import ParallelDispatcher
 from tidemq.store.dispatch.sequential import Dispatcher
-from tidemq.store.dispatch.workers import CRASH_ENV, MALLOC_ENV, MAPPINGS_ENV, WARM_HEAP_BYTES
+from tidemq.store.dispatch.workers import MALLOC_ENV, MAPPINGS_ENV, WARM_HEAP_BYTES
 from tidemq.store.index.key_index import KeyIndex
 from tidemq.store.log.commit_log import CommitLog
 from tidemq.store.queues.consume_queue import ConsumeQueue, FrontierTable

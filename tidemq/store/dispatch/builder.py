@@ -56,10 +56,11 @@ import numpy as np
 
 from ..format import record
 from ..format.scan import scan
-from ..index.index_file import HEADER, IndexFile
+from ..index.index_file import IndexFile
 from ..queues import open_files
 from ..queues.consume_queue import MAPPINGS, UNIT, UNIT_DTYPE, UNIT_SIZE, file_name, map_queue_file
 from ..queues.queue_set import ConsumeQueueStore
+from .faults import WorkerFaults
 from .messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsHandover
 from .requests import QueueKey, group_by_queue, queue_rows
 
@@ -101,7 +102,6 @@ except ImportError:  # optional too: without it, queue files are mapped with Pyt
     map_file = map_file_python
     MAPPINGS_HOLD_DESCRIPTORS = True  # an `mmap.mmap` keeps a duplicate of the file's descriptor
 
-CRASH_EXIT_CODE = 75  # a worker killed by fault injection (CRASH_ENV in worker_process: tests only)
 SMALL_BATCH = 16  # up to this many records, units are written one at a time
 # in a worker process, a batch naming at most this many queues is written whole by its builder,
 # every queue, owned or not: handing a few queues' units over (two more messages through the
@@ -140,7 +140,7 @@ class BatchBuilder:
 
     def __init__(
         self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool,
-        units_per_file: dict[QueueKey, int] | None = None,
+        units_per_file: dict[QueueKey, int] | None = None, faults: WorkerFaults | None = None,
     ) -> None:
         self.root = Path(consume_queue_root)
         self.default_units_per_file = default_units_per_file
@@ -160,8 +160,7 @@ class BatchBuilder:
         # they are closed
         self._run_cache = _RunCache() if _RunCache is not None else None
         self.max_queue_files = open_files.mapping_budget(open_files.INLINE_BUILDER_SHARE)
-        self.exit_after_units = 0  # fault injection for crash tests: die after writing this many units
-        self.exit_in_append = False  # fault injection: die inside the first append to a file with entries, header unwritten
+        self.faults = faults  # where a crash test's worker dies (see faults); None: nowhere
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
         self.hold_index = False  # keep each batch's index entries for `append_index`
         self.between_steps: Callable[[], None] | None = None  # called between decoding a batch and writing it (a worker answers appends there)
@@ -171,7 +170,6 @@ class BatchBuilder:
         self.owner = 0
         self.owners = 1
         self.direct_queues = 0  # a worker process: DIRECT_QUEUES
-        self.exit_in_handover = False  # fault injection: die halfway through writing the first units handed over
         self._held: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._index_files: dict[str, IndexFile] = {}
 
@@ -276,11 +274,8 @@ class BatchBuilder:
         done = 0
         if len(hashes) and request.path is not None:
             index = self._index_file(request.path, request.hash_slots, request.max_entries)
-            if self.exit_in_append and index.entry_count:  # a file with chains a redo could break
-                before = index.mm[: HEADER.size]
-                index.append(hashes, phys, times)
-                index.mm[: HEADER.size] = before  # as if killed between the entries and the header
-                os._exit(CRASH_EXIT_CODE)
+            if self.faults is not None and self.faults.in_append and index.entry_count:
+                self.faults.append_and_die(index, hashes, phys, times)
             done = index.append(hashes, phys, times)
         if done < len(hashes):
             self._held[request.batch_id] = (hashes[done:], phys[done:], times[done:])
@@ -389,7 +384,8 @@ class BatchBuilder:
         or `open_file` is None, the rest of the group is left unwritten.  Returns the groups left
         so."""
         unwritten: list[int] = []
-        if _write_runs is not None and not self.exit_after_units:
+        counted = self.faults is not None and self.faults.after_units  # every unit one at a time
+        if _write_runs is not None and not counted:
             runs = order[whole[order]]
             if len(runs):
                 table = np.empty((len(runs), 5), np.int64)
@@ -402,14 +398,13 @@ class BatchBuilder:
         files = self._files
         upf_of = self._units_per_file
         default_upf = self.default_units_per_file
-        crash_test = self.exit_after_units
         for group, start, stop, first, run, tid, queue_id in zip(
             order.tolist(), starts[order].tolist(), stops[order].tolist(), firsts[order].tolist(), whole[order].tolist(),
             topic_ids[order].tolist(), queue_ids[order].tolist(),
         ):
             topic = names[tid]
             upf = upf_of.get((topic, queue_id), default_upf)
-            if crash_test or not run:
+            if counted or not run:
                 group_slots = slots[start:stop].tolist() if slots is not None else list(range(first, first + stop - start))
                 self._write_slots(topic, queue_id, upf, group_slots, units[start:stop].tolist())
                 continue
@@ -490,14 +485,15 @@ class BatchBuilder:
         starts = stops - handover.counts
         whole = np.full(len(starts), handover.slots is None)
         order = np.arange(len(starts))
-        if self.exit_in_handover:
+        dies = self.faults is not None and self.faults.handover_coming()
+        if dies:
             order = order[: len(order) // 2 + 1]
         else:
             order = self._rotated(order)
         self._write_groups(handover.topic_names, order, handover.topic_ids, handover.queue_ids, handover.firsts, starts, stops, whole,
                            handover.slots, units, memoryview(handover.units), self._queue_file)
-        if self.exit_in_handover:
-            os._exit(CRASH_EXIT_CODE)  # a worker killed while writing units handed over (tests only)
+        if dies:
+            self.faults.die()
 
     def _rotated(self, order: np.ndarray) -> np.ndarray:
         """The groups `order` lists (by topic, then queue id) started `owner / owners` of the way
@@ -512,16 +508,15 @@ class BatchBuilder:
         (or a small batch): `units` are (commit-log offset, size, tags code)."""
         files = self._files
         unit_pack = UNIT.pack_into
+        faults = self.faults if self.faults is not None and self.faults.after_units else None
         for slot, unit in zip(slots, units):
             file_start = slot - slot % upf
             qmm = files.get((topic, queue_id, file_start))
             if qmm is None:
                 qmm = self._queue_file(topic, queue_id, file_start, upf)
             unit_pack(qmm, (slot - file_start) * UNIT_SIZE, *unit)
-            if self.exit_after_units:
-                self.exit_after_units -= 1
-                if not self.exit_after_units:
-                    os._exit(CRASH_EXIT_CODE)  # a worker killed mid-batch (tests only)
+            if faults is not None:
+                faults.unit_written()
 
     def close_queue_files(self) -> None:
         if self._run_cache is not None:

@@ -31,6 +31,7 @@ import numpy as np
 from ..queues import open_files
 from . import builder as batch_builder
 from .builder import DIRECT_QUEUES, BatchBuilder
+from .faults import WorkerFaults
 from .messages import (
     BatchResult,
     BatchTask,
@@ -43,7 +44,6 @@ from .messages import (
 )
 from .requests import QueueKey
 
-CRASH_ENV = "TIDEMQ_DISPATCH_WORKER_CRASH"
 # a worker's budget of queue-file mappings, when set (tests: with a small one, workers hand the
 # other workers' queues over, as with more queues than half the usual budget)
 MAPPINGS_ENV = "TIDEMQ_DISPATCH_WORKER_MAPPINGS"
@@ -83,7 +83,7 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
         units_per_file = conn.recv()
     except EOFError:
         return  # the coordinator is gone
-    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file)
+    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file, WorkerFaults.from_environment())
     builder.coordinator_pid = os.getppid()
     # its only cache of mappings; compiled ones hold no descriptor, so the open-file limit does
     # not bound them: with 10,000 queues and a limit of 20,000, each of 2 workers stopped mapping
@@ -95,27 +95,6 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
     builder.owner = owner
     builder.owners = owners
     builder.direct_queues = DIRECT_QUEUES
-    # TIDEMQ_DISPATCH_WORKER_CRASH="N:MARKER" (crash tests): the first worker to create MARKER
-    # dies after writing N units of its first batch; "N:" without a marker: every worker does;
-    # "append:MARKER": the first worker to create MARKER dies in its first index append to a file
-    # holding entries already; "handover:MARKER": the first worker to create MARKER dies halfway
-    # through writing the first units handed over to it
-    crash = os.environ.get(CRASH_ENV)
-    handover_marker = None  # taken when the first handover comes: only a worker given one may take it
-    if crash:
-        count, _, marker = crash.partition(":")
-        if count == "handover":
-            handover_marker = marker
-        else:
-            try:
-                if marker:
-                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                if count == "append":
-                    builder.exit_in_append = True
-                else:
-                    builder.exit_after_units = int(count)
-            except FileExistsError:
-                pass
     tasks: deque[BatchTask] = deque()
     received: deque = deque()  # messages read while an answer waited for room in the pipe
     stopping = False
@@ -133,14 +112,6 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
         conn.send_reading(answer, received.append, *more)
 
     def write_handover(handover: UnitsHandover) -> None:
-        nonlocal handover_marker
-        if handover_marker:
-            try:
-                os.close(os.open(handover_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                builder.exit_in_handover = True
-            except FileExistsError:
-                pass
-            handover_marker = None
         try:
             builder.write_handover(handover)
             answer = UnitsWritten(handover.batch_id)
