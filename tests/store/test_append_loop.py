@@ -115,8 +115,8 @@ def test_the_compiled_single_put_writes_what_the_python_loop_does(puts, store_ho
 def _counting_single_puts(patch: pytest.MonkeyPatch) -> list:
     taken = []
 
-    def put_common(state, message):
-        result = compiled(state, message)
+    def put_common(state, message, region):
+        result = compiled(state, message, region)
         taken.append(result is not None)
         return result
 

@@ -39,7 +39,7 @@ from .light.queues import LIGHT_QUEUE_STORES, LightQueues
 from .log.checkpoint import Checkpoint
 from .log.commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
 from .log.flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
-from .log.message_encoder import UNIQ_KEY_PREFIX, MessageEncoder
+from .log.message_encoder import CommonPutState, MessageEncoder
 from .queues.consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .queues.queue_set import ConsumeQueueStore
 from .recovery.quarantine import DAMAGED_PROPERTY
@@ -316,18 +316,13 @@ class MessageStore:
                 blocking.end()
         return results
 
-    def _common_put_state(self) -> tuple | None:
+    def _common_put_state(self) -> CommonPutState | None:
         """What the compiled single put (`_append.put_common`) reads besides the message; None
-        where it is not built.  Built once: the objects in it are the store's and the encoder's
-        own, which change in place."""
+        where it is not built."""
         if _put_common is None:
             return None
-        cfg, encoder = self.config, self._encoder
-        return (
-            Message, encoder._valid_topics, cfg.max_queue_id, cfg.max_message_size, encoder._property_suffixes,
-            encoder._templates, UNIQ_KEY_PREFIX, encoder._unique_keys, record.crc32, encoder.segment_size,
-            self._queue_offsets, cfg.store_host, PutResult, self.commit_log, None if self.clock is wall_clock_ms else self.clock, self,
-        )
+        clock = None if self.clock is wall_clock_ms else self.clock
+        return self._encoder.common_put_state(Message, self._queue_offsets, PutResult, self.commit_log, clock)
 
     def _append_one(self, message: Message) -> PutResult:
         """`_append` for one message.  The common one (a known topic, tag and born host, no
@@ -339,7 +334,9 @@ class MessageStore:
             with self._append_lock:
                 if self._closed:
                     raise StoreClosedError("the store is closed")
-                result = _put_common(state, message)
+                result = _put_common(state, message, self.commit_log.warm_region())
+                if result is not None:
+                    self._last_written = (result.commit_log_offset + result.size, result.store_timestamp)
             if result is not None:
                 return result
         return self._append((message,))[0][0]

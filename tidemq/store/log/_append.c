@@ -553,7 +553,8 @@ static PyObject *prepare_messages(PyObject *self, PyObject *args) {
     return prepared;
 }
 
-/* put_common(state, message) -> PutResult, or None when the message is not the common case.
+/* put_common(state, message, region) -> PutResult, or None when the message is not the common
+ * case.
  *
  * `MessageStore.put` for one common message, the append lock held: the checks of
  * `read_common` and the record of `write_records` in one pass, reading each attribute of the
@@ -563,28 +564,33 @@ static PyObject *prepare_messages(PyObject *self, PyObject *args) {
  * tag or (topic, born host), properties or keys, a field out of range, or a record that does not
  * end within the active segment's warm pages; the caller then appends it the ordinary way.
  *
- * state: (message_type, valid_topics, max_queue_id, max_message_size, suffixes, templates,
- *         uniq_property, unique_keys, crc32, segment_size, queue_offsets, store_host,
- *         result_type, commit_log, clock, store)
- * unique_keys: the encoder's _UniqueKeys (its `prefix` and `counter` are read at each call);
- * clock: the store's clock, or None for the wall clock in milliseconds (`wall_clock_ms`);
- * commit_log: `write_position`, `_active` (.mm, .start) and `_ready_end` are read, and
- * `write_position` advanced; store: `_last_written` is set to (end, store timestamp). */
-static PyObject *str_active, *str_ready_end, *str_mm, *str_start, *str_prefix, *str_counter, *str_last_written;
+ * state: a `message_encoder.CommonPutState` (a tuple of 15, in its fields' order);
+ * state.unique_keys: the encoder's _UniqueKeys (its `prefix` and `counter` are read at each call);
+ * state.clock: the store's clock, or None for the wall clock in milliseconds (`wall_clock_ms`);
+ * state.commit_log: its `write_position` is read, and advanced past the record;
+ * region: `CommitLog.warm_region()`: (buf, base, ready_end), the active segment's mapping, the
+ * commit-log offset of its byte 0 and the offset up to which its pages are warm; or None. */
+static PyObject *str_prefix, *str_counter;
 
 static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 16) {
-        PyErr_SetString(PyExc_TypeError, "put_common(state, message): state is a 16-tuple");
+    if (nargs != 3 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 15) {
+        PyErr_SetString(PyExc_TypeError, "put_common(state, message, region): state is a 15-tuple");
         return NULL;
     }
-    PyObject *state = args[0], *message = args[1];
+    PyObject *state = args[0], *message = args[1], *region = args[2];
+    if (region == Py_None) Py_RETURN_NONE;  /* no warm pages yet: the ordinary path reserves them */
+    if (!PyTuple_Check(region) || PyTuple_GET_SIZE(region) != 3) {
+        PyErr_SetString(PyExc_TypeError, "put_common: region is (buf, base, ready_end) or None");
+        return NULL;
+    }
+    PyObject *buf = PyTuple_GET_ITEM(region, 0);
     PyObject *message_type = PyTuple_GET_ITEM(state, 0), *valid_topics = PyTuple_GET_ITEM(state, 1);
     PyObject *suffixes = PyTuple_GET_ITEM(state, 4), *templates = PyTuple_GET_ITEM(state, 5);
     PyObject *uniq_property = PyTuple_GET_ITEM(state, 6), *unique_keys = PyTuple_GET_ITEM(state, 7);
     PyObject *crc32 = PyTuple_GET_ITEM(state, 8), *queue_offsets = PyTuple_GET_ITEM(state, 10);
     PyObject *store_host = PyTuple_GET_ITEM(state, 11), *result_type = PyTuple_GET_ITEM(state, 12);
     PyObject *commit_log = PyTuple_GET_ITEM(state, 13), *clock = PyTuple_GET_ITEM(state, 14);
-    PyObject *store = PyTuple_GET_ITEM(state, 15);
+    long long base = PyLong_AsLongLong(PyTuple_GET_ITEM(region, 1)), ready_end = PyLong_AsLongLong(PyTuple_GET_ITEM(region, 2));
     long long max_queue_id = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 2));
     long long max_message_size = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 3));
     long long segment_size = PyLong_AsLongLong(PyTuple_GET_ITEM(state, 9));
@@ -599,7 +605,7 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
 
     /* Everything below until `decided` only reads: anything unusual is `not_common`.  Every
      * reference taken is released at `done`. */
-    PyObject *attr = NULL, *key = NULL, *prefix_obj = NULL, *counter = NULL, *segment = NULL, *mm = NULL;
+    PyObject *attr = NULL, *key = NULL, *prefix_obj = NULL, *counter = NULL;
     PyObject *result = NULL, *unique_key = NULL;
     Common c = {0};
     Py_buffer view = {0};
@@ -620,19 +626,8 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     long long offset = PyLong_AsLongLong(attr);
     Py_CLEAR(attr);
     if (offset == -1 && PyErr_Occurred()) goto done;
-    GET(attr, commit_log, str_ready_end);
-    long long ready_end = PyLong_AsLongLong(attr);
-    Py_CLEAR(attr);
-    if (ready_end == -1 && PyErr_Occurred()) goto done;
     if (offset + size > ready_end) goto not_common;
-    GET(segment, commit_log, str_active);
-    if (segment == Py_None) goto not_common;
-    GET(attr, segment, str_start);
-    long long base = PyLong_AsLongLong(attr);
-    Py_CLEAR(attr);
-    if (base == -1 && PyErr_Occurred()) goto done;
-    GET(mm, segment, str_mm);
-    if (PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) goto done;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE) < 0) goto done;
     have_view = 1;
     if (offset < base || ready_end - base > view.len) {
         PyErr_SetString(PyExc_ValueError, "the warm region lies outside the active segment's mapping");
@@ -679,14 +674,12 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_INCREF(store_host);
     PyObject *end_obj = PyLong_FromLongLong(offset + size);
     PyObject *next_obj = PyLong_FromLongLong(queue_offset + 1);
-    PyObject *last_written = end_obj != NULL && items[4] != NULL ? PyTuple_Pack(2, end_obj, items[4]) : NULL;
-    if (items[0] != NULL && items[1] != NULL && items[2] != NULL && items[4] != NULL && next_obj != NULL && last_written != NULL)
+    if (items[0] != NULL && items[1] != NULL && items[2] != NULL && items[4] != NULL && end_obj != NULL && next_obj != NULL)
         result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 6);
     if (result == NULL) {
         for (int k = 0; k < 6; k++) Py_XDECREF(items[k]);
         Py_XDECREF(end_obj);
         Py_XDECREF(next_obj);
-        Py_XDECREF(last_written);
         goto done;
     }
     for (int k = 0; k < 6; k++) PyTuple_SET_ITEM(result, k, items[k]);  /* tuple.__new__(PutResult, fields) */
@@ -704,10 +697,8 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     /* the record is written: account for it (these only fail for want of memory) */
     int failed = PyObject_SetAttr(commit_log, str_write_position, end_obj) < 0;
     if (!failed && takes_offset) failed = PyDict_SetItem(queue_offsets, key, next_obj) < 0;
-    if (!failed) failed = PyObject_SetAttr(store, str_last_written, last_written) < 0;
     Py_DECREF(end_obj);
     Py_DECREF(next_obj);
-    Py_DECREF(last_written);
     if (failed) Py_CLEAR(result);
     goto done;
 
@@ -718,8 +709,7 @@ done:
 #undef GET
     if (have_view) PyBuffer_Release(&view);
     common_clear(&c);
-    Py_XDECREF(attr); Py_XDECREF(key); Py_XDECREF(prefix_obj); Py_XDECREF(counter); Py_XDECREF(segment);
-    Py_XDECREF(mm); Py_XDECREF(unique_key);
+    Py_XDECREF(attr); Py_XDECREF(key); Py_XDECREF(prefix_obj); Py_XDECREF(counter); Py_XDECREF(unique_key);
     return result;
 }
 
@@ -753,10 +743,7 @@ PyMODINIT_FUNC PyInit__append(void) {
         !(str_body = PyUnicode_InternFromString("body")) || !(str_properties = PyUnicode_InternFromString("properties")) ||
         !(str_keys = PyUnicode_InternFromString("keys")) || !(str_tags = PyUnicode_InternFromString("tags")) ||
         !(str_born_host = PyUnicode_InternFromString("born_host")) ||
-        !(str_active = PyUnicode_InternFromString("_active")) || !(str_ready_end = PyUnicode_InternFromString("_ready_end")) ||
-        !(str_mm = PyUnicode_InternFromString("mm")) || !(str_start = PyUnicode_InternFromString("start")) ||
-        !(str_prefix = PyUnicode_InternFromString("prefix")) || !(str_counter = PyUnicode_InternFromString("counter")) ||
-        !(str_last_written = PyUnicode_InternFromString("_last_written")))
+        !(str_prefix = PyUnicode_InternFromString("prefix")) || !(str_counter = PyUnicode_InternFromString("counter")))
         return NULL;
     return PyModule_Create(&module);
 }

@@ -11,5 +11,5 @@ def write_records(
     queue_offsets: dict[Any, int], store_timestamp: int, store_host: Any, results: list[Any], result_type: type,
     commit_log: Any, /,
 ) -> int: ...
-def put_common(state: tuple[Any, ...], message: Any, /) -> Any:
-    """The message's PutResult, or None when it is not the common case."""
+def put_common(state: tuple[Any, ...], message: Any, region: tuple[Any, int, int] | None, /) -> Any:
+    """The message's PutResult, or None when it is not the common case (or `region` is None)."""

@@ -18,7 +18,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InvalidMessageError
 from ..format import record
@@ -56,6 +56,28 @@ class _UniqueKeys:
         return f"{self.prefix}{next(self.counter) & 0xFFFFFFFFFFFF:012X}"
 
 
+class CommonPutState(NamedTuple):
+    """What the compiled single put (`_append.put_common`) reads besides the message and the
+    region it writes in, in this order.  The objects are the encoder's and the store's own, which
+    change in place, so one state serves every put."""
+
+    message_type: type
+    valid_topics: set[str]
+    max_queue_id: int
+    max_message_size: int
+    property_suffixes: dict[str | None, bytes]
+    templates: dict[tuple, record.RecordTemplate]
+    uniq_property: bytes
+    unique_keys: _UniqueKeys
+    crc32: Callable[[Any], int]
+    segment_size: int
+    queue_offsets: dict[tuple[str, int], int]  # each queue's next offset, advanced by a put
+    store_host: tuple[str, int]
+    result_type: type
+    commit_log: Any  # its `write_position` is read, and advanced past the record
+    clock: Callable[[], int] | None  # None: the wall clock in milliseconds
+
+
 class MessageEncoder:
     def __init__(self, config: StoreConfig, segment_size: int) -> None:
         self.config = config
@@ -64,6 +86,15 @@ class MessageEncoder:
         self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
         self._templates: dict[tuple, record.RecordTemplate] = {}  # (topic, born host) -> template
         self._property_suffixes: dict[str | None, bytes] = {}  # tag -> its encoded TAGS property
+
+    def common_put_state(self, message_type: type, queue_offsets: dict[tuple[str, int], int], result_type: type, commit_log: Any,
+                         clock: Callable[[], int] | None) -> CommonPutState:
+        cfg = self.config
+        return CommonPutState(
+            message_type, self._valid_topics, cfg.max_queue_id, cfg.max_message_size, self._property_suffixes, self._templates,
+            UNIQ_KEY_PREFIX, self._unique_keys, record.crc32, self.segment_size, queue_offsets, cfg.store_host, result_type,
+            commit_log, clock,
+        )
 
     def invalid(self, message: Message) -> str | None:
         """Why the store will not take `message`, or None."""
