@@ -42,10 +42,6 @@ class Dispatcher:
         self.stats = DispatchStats()
         self.batch_bytes = 4 << 20
 
-    def add_sink(self, sink: DispatchSink) -> None:
-        self.sinks.append(sink)
-        self._keys = reads_keys(self.sinks)
-
     def dispatch_until(self, limit: int, notify: bool = True) -> int:
         """Dispatch every record wholly below `limit`; returns how many records."""
         total = 0

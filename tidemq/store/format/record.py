@@ -235,10 +235,6 @@ def header_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
     return struct.Struct(f">iiiiiqqiq{born}q{store}iqi")
 
 
-def fixed_overhead(born_v6: bool = False, store_v6: bool = False, v2: bool = False) -> int:
-    return header_struct(born_v6, store_v6).size + (2 if v2 else 1) + 2
-
-
 @final
 @dataclass(slots=True)
 class Record:

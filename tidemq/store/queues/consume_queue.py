@@ -23,7 +23,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -617,21 +617,6 @@ class ConsumeQueue:
                 offset = stop
             return out
 
-    def read_raw(self, queue_offset: int, count: int) -> bytes:
-        """The raw units of `count` slots from `queue_offset` (for checks and byte comparisons)."""
-        out = bytearray()
-        offset = queue_offset
-        while count > 0:
-            qf = self._file_for(offset, create=False)
-            if qf is None:
-                break
-            n = min(count, qf.start + self.units_per_file - offset)
-            pos = (offset - qf.start) * UNIT_SIZE
-            out += qf.mm[pos : pos + n * UNIT_SIZE]
-            offset += n
-            count -= n
-        return bytes(out)
-
     def offset_for_timestamp(self, timestamp: int, store_time_of: Callable[[int], int | None], upper: bool = False) -> int:
         """The queue offset whose message was stored at `timestamp` (spec §2).
 
@@ -643,16 +628,6 @@ class ConsumeQueue:
             return -1 if t is None else t
 
         return offset_by_time(self.min_offset, self.commit_frontier, time_at, timestamp, upper)
-
-    def iter_units(self) -> Iterator[Unit]:
-        """Every committed unit, blanks excluded (for checks)."""
-        offset = self.min_offset
-        while offset < self.commit_frontier:
-            batch = self.read(offset, 4096)
-            if not batch:
-                break
-            yield from batch
-            offset = batch[-1].queue_offset + 1
 
     # -- maintenance --------------------------------------------------------------------------
 
