@@ -203,7 +203,7 @@ class WorkerProcess:
                     fcntl.fcntl(pipe_end, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
                 except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
                     pass
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[3])  # the directory holding tidemq/
         env = dict(os.environ)
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         # NumPy's OpenBLAS threads, idle but polling, took 1.5% of the machine per worker
