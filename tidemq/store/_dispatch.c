@@ -542,9 +542,8 @@ static uint64_t *sort_by_slot(uint64_t *keys, uint64_t *spare, Py_ssize_t n, int
    Two passes: the chains first, over the keys sorted by slot (a stable radix sort, rows in log
    order within a slot, as the NumPy twin links them), so that the slots are read and written in
    address order, not at random (the bench's 4 MB of slots outgrow a core's cache); then the
-   entries, in log order, reading the columns in order.  Appending 1,800,000 keys to 1,000,000
-   slots 45,000 at a time took 240-263 ns a key in one pass in log order, the same in one pass in
-   slot order (the columns were read at random then), 76-101 ns in the two passes (this machine). */
+   entries, in log order, reading the columns in order (one pass in either order reads one of
+   the two at random). */
 static PyObject *index_append(PyObject *self, PyObject *args) {
     Py_buffer mm, hv, pv, tv;
     Py_ssize_t hash_slots, max_entries, count;
@@ -624,9 +623,7 @@ done:
 /* A RunCache: the queue-file mappings write_runs has copied into, by (topic, queue id, first slot
    of the file), each with its buffer exported and its address at hand, so that a run into a file
    seen before costs a probe of one open-addressing table instead of making a key tuple (and an
-   int or two) and looking it up in the builder's dict.  Copying 880,000 runs of 4-5 units into
-   10,000 queues' files (88 batches, one process) took 0.60-1.12 CPU-s of user time through the
-   dict, 0.16-0.25 with the cache (the copies alone, addresses at hand: 0.13-0.17).  Topics are
+   int or two) and looking it up in the builder's dict.  Topics are
    numbered by name (`topics`), so the numbers hold from one batch to the next whatever each
    batch's topic ids.  Only mappings that are in write_runs' `files` dict are cached: `clear()`
    releases them all, and the builder calls it before it closes them (a mapping with an exported
@@ -795,10 +792,8 @@ static int topic_numbers(RunCache *c, PyObject *names, int32_t **into) {
    many queues each run goes into another file: its target page missed the TLB and its slot and
    target line the caches.  Copied as each was looked up, about 100 instructions apart, these
    misses were waited for one at a time; in a tight loop of copies the processor overlaps them.
-   880,000 runs of 5 units into 10,000 queues' files (88 batches, their pages touched before, one
-   process): 573-693 ns a run copied as looked up, 388-436 ns in copies of 32 (16 or 64 at once,
-   or the slot looked up 4 or 16 rows ahead: the same within the noise).  A prefetch of each
-   target some rows ahead was slower: the prefetch waited for its page walk as the copy did. */
+   (A prefetch of each target some rows ahead does not help: it waits for its page walk as the
+   copy does.) */
 #define COPIES_AT_ONCE 32
 #define SLOT_AHEAD 8
 typedef struct {
@@ -1002,7 +997,7 @@ done:
    bodies matching their BODYCRC: record i's body is buf[body_at[i] : body_at[i] + lengths[i]] and
    its stored BODYCRC crcs[i] (int64 columns), matching when crc32(body) & 0x7FFFFFFF equals it;
    `crc32` is a Python crc32 function (zlib-ng's: `record.crc32`), given each body as a memoryview.
-   Called from here it cost about 75 ns a 100-byte body; a Python loop calling it, about 270 ns.
+   Calling it from C saves the Python loop's per-record overhead.
    A body outside buf is a ValueError. */
 static PyObject *crc_prefix(PyObject *self, PyObject *args) {
     Py_buffer bv, av, lv, cv;
@@ -1075,12 +1070,9 @@ static PyObject *java_hash(PyObject *self, PyObject *text) {
 
 /* A RowIndex: the rows of the store's frontier table (consume_queue.FrontierTable) by queue code,
    topic number << 32 | queue id as unsigned 32 bits, in an open-addressing table that grows as
-   queues are added, for `QueueCommitter.commit` on the dispatch thread.  It replaced a sorted array
-   of codes searched with NumPy, which had to be sorted again whenever a batch started a queue
-   (bench/commit.py, 1,000,000 queues: a batch of 10,000 known queues and one new one took 179 ms,
-   42 ms without the new one; 35 ms and 32 ms with the index).  With the runs advanced in the same
-   pass, a batch of bench/dispatch.py's 10,000-queue build commits in 0.69-0.72 ms (median)
-   instead of 0.95-1.04. */
+   queues are added, for `QueueCommitter.commit` on the dispatch thread: a new queue costs an
+   insertion, not a sort of every code (bench/commit.py prints the commit times), and the runs
+   of a batch that start at their frontiers are advanced in the same pass. */
 typedef struct {
     int64_t code, row; /* row -1: an empty slot */
 } RowSlot;

@@ -1,8 +1,7 @@
-"""The worker side of parallel dispatch (see parallel_dispatch): one batch of commit-log records
-built into ConsumeQueue units at their slots, and key-index entries, by `BatchBuilder`, in a
-worker process (worker_process) or in the coordinator itself (`ThreadBuilder`, which writes the
-queues the store has through their own mappings); the messages it takes and answers are in
-dispatch_messages.
+"""The worker side of parallel dispatch (see parallel): one batch of commit-log records built
+into ConsumeQueue units at their slots, and key-index entries, by `BatchBuilder`, in a worker
+process (workers) or in the coordinator itself (`ThreadBuilder`, which writes the queues the
+store has through their own mappings); the messages it takes and answers are in messages.
 
 Queue ownership: with N workers, worker k owns the queues for which `owner_of(topic, queue id, N)`
 is k (a CRC-32 of the topic name plus the queue id, modulo N: the same in every process).
@@ -12,17 +11,13 @@ those of each other worker's queue whose slots in the batch are one run, into th
 mappings are under half their budget); the rest of each other worker's queues it packs into a
 `UnitsHandover` (per queue its first slot and count, the 20-byte units back to back), which
 travels pickled inside the `BatchResult`; the coordinator forwards it unopened to the owner, who
-writes the units and answers `UnitsWritten`.  So units are handed over for a queue whose slots
-are not one run, and with more queues than half a worker's mappings, when each worker keeps to
-its own queues' files.  Two workers meeting the same new queues each make its own share first,
-and then mostly find the other's made.  With 10,000 queues, handing every other queue's units
-over in every batch made 2 workers' steady state 11-33% slower (ext4, two runs) than writing them
-where the files are; handing over those whose owner had not made the file yet (before, only
-owners made files) cost the first two batches of bench/dispatch.py's files half about 10,000
-looks for files that were not there, and 2 workers took 6-10% more CPU time over that half (4 of
-5 paired rounds, a scratch harness) than making the files where missing.  A batch naming few
-queues (`DIRECT_QUEUES`: 10 busy queues, one hot queue) its builder writes whole without working
-out owners, as handing them over costs more than making a few files in each worker.  The run of
+writes the units and answers `UnitsWritten`.  So units are handed over only for a queue whose
+slots are not one run, and with more queues than half a worker's mappings, when each worker keeps
+to its own queues' files: writing where the file is costs less than a handover's messages and
+copies, and any worker may make a missing file.  Two workers meeting the same new queues each
+make its own share first, and then mostly find the other's made.  A batch naming few queues
+(`DIRECT_QUEUES`) its builder writes whole without working out owners, as handing them over costs
+more than making a few files in each worker.  The run of
 slots of every queue of the batch, its own or not, is in the `BatchResult` (`QueueRuns`).  A
 builder with one owner (the coordinator's inline builder) writes every queue itself.
 
@@ -70,9 +65,8 @@ if TYPE_CHECKING:
 
     QueueFileMap = mmap.mmap | Mapping  # a queue file mapped, by the extension or by Python
 
-# the copies of all the runs of a batch by one compiled loop: with 10,000 queues the Python loop
-# took 85 of the 193 ms a worker spent building the steady half's batches of bench/dispatch.py,
-# the compiled one 40-45; writing the units handed over went from 32-105 ms to 13-29 a worker
+# the copies of all the runs of a batch (and of the units handed over) by one compiled loop; the
+# Python loop does the same where the extension is not built
 _RunCache: type[RunCache] | None
 _write_runs: Callable[..., list[int]] | None
 try:
@@ -149,8 +143,7 @@ class BatchBuilder:
         # the queues whose files have another size than the default, as the coordinator's
         # ConsumeQueueStore loaded them (`ConsumeQueueStore.file_sizes`); every other queue is
         # new or has default-size files, so a worker learns a queue's file size without asking
-        # the file system (a scandir of each queue's directory was 20 us a queue, doubled when
-        # two workers met the same new queues)
+        # the file system
         self._units_per_file: dict[QueueKey, int] = dict(units_per_file or {})
         # the queue files mapped, by (topic, queue id, first slot): `_queue_file.Mapping`s, which
         # hold no descriptor, or without the extension `mmap.mmap`s, each holding an open file
@@ -299,14 +292,13 @@ class BatchBuilder:
 
     def _owners_of(self, names: list[str], topic_ids: np.ndarray, queue_ids: np.ndarray) -> np.ndarray:
         """`owner_of` for each queue (`names[topic_ids[i]]`, `queue_ids[i]`).  The batch's topic
-        names are hashed each time, not cached: 1.6 us for 10 names, 1.2 ms for 10,000 (a cache
-        saved 0.6 us and 0.5 ms, and with a light queue to each topic it held a million names)"""
+        names are hashed each time, not cached: a cache would grow with the topics (a light queue
+        to each topic makes millions)."""
         topic_crcs = np.array([zlib.crc32(name.encode()) for name in names], dtype=np.int64)
         sums = topic_crcs[topic_ids] + (queue_ids.astype(np.int64) & 0xFFFFFFFF)  # never negative
         owners = self.owners
-        # for a power of two (2 workers on 2 cores) the low bits are the remainder: an int64
-        # remainder divides, 142 us for 10,000 queues against 38 for the mask (with 2 workers,
-        # about 11 ms over the 112 batches of bench/dispatch.py's 10,000-queue log)
+        # for a power of two (2 workers on 2 cores) the low bits are the remainder, and a mask
+        # is cheaper than an int64 division
         return sums & (owners - 1) if owners & (owners - 1) == 0 else sums % owners
 
     def _write_units(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
@@ -350,10 +342,8 @@ class BatchBuilder:
             # mostly find the other's made; the rest (and every queue whose slots are not one
             # run) is handed over
             write(np.flatnonzero(mine), self._queue_file)
-            # past half its budget, only into the files it has mapped already: asking
-            # `_other_queue_file` for each other one, to be told None, was one Python call per
-            # queue and batch (115,000 a worker in bench/dispatch.py's steady half of 10,000
-            # queues, 2 workers whose budget was set to 10,000 mappings)
+            # past half its budget, only into the files it has mapped already, without asking
+            # `_other_queue_file` for each other queue (one Python call per queue and batch)
             open_other = self._other_queue_file if self._maps_other_files() else None
             unwritten = write(np.flatnonzero(~mine & contiguous), open_other)
             handed = ~mine & ~contiguous  # (a new array)
@@ -542,15 +532,13 @@ class ThreadBuilder(BatchBuilder):
     `consume_queue.MAPPINGS`), and maps only new queues' files itself.  So with more queues
     than the builder's own small budget of mappings (`open_files.INLINE_BUILDER_SHARE`),
     building on this thread alone (`dispatch_workers = 0`) does not map every file again in
-    every batch: with 10,000 queues that was 143,000 mappings for 200,000 entries, 3.1 of the
-    build's 3.8 s under cProfile.  Only the dispatch thread touches the `ConsumeQueue` objects
+    every batch.  Only the dispatch thread touches the `ConsumeQueue` objects
     (retention, on another thread, drops only files below the frontiers, under the queue's
     lock), and it is the thread that builds.
 
     The queues' mappings it is given are kept in `_files`, and so in the compiled loop's cache,
-    while `MAPPINGS` is under its budget: asking the queue again for every run was, with 10,000
-    queues, 345,000 calls in the steady half of bench/dispatch.py, whose build on this thread
-    alone then took 3.4-3.6 CPU-s instead of 1.7-1.9.  A kept mapping that `MAPPINGS` drops
+    while `MAPPINGS` is under its budget, so that a run does not ask its queue again (a Python
+    call per run and batch).  A kept mapping that `MAPPINGS` drops
     (past its budget, or closed) stays mapped while it is kept (writes through it still reach
     the file), so the builder lets every kept one go when it sees `MAPPINGS.dropped` move (at
     the next batch, or the next file it asks for), and keeps none while `MAPPINGS` is full:

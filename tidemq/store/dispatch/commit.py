@@ -157,8 +157,8 @@ class QueueCommitter:
                 return
             slow_at = np.flatnonzero(rows < 0)
             upf = self.queues.units_per_file
-            # new queues starting a file, each run in that file (10,000 in one batch of
-            # bench/dispatch.py): adopted together
+            # new queues starting a file, each run in that file (a batch may start thousands):
+            # adopted together
             new = (rows[slow_at] == -1) & (runs.firsts[slow_at] % upf == 0) & (runs.counts[slow_at] <= upf)
             if skip is not None:
                 new &= ~skip[slow_at]

@@ -31,8 +31,8 @@ def _pickled_as_fields(cls):
     """Pickle a slots dataclass as its class and its field values, its NumPy arrays as their
     bytes (rebuilt read-only, by `_rebuilt`): the `__getstate__` / `__setstate__` that
     `dataclass(slots=True)` gives it call `dataclasses.fields` for every object pickled or
-    unpickled, and NumPy pickles an array with its dtype's state (9 us an array, a BatchResult
-    holds seven): together a tenth of the coordinator's time when it took every message."""
+    unpickled, and NumPy pickles an array with its dtype's state (a BatchResult holds seven):
+    both on the coordinator's thread, for every message."""
     get = operator.attrgetter(*cls.__slots__)
     one = len(cls.__slots__) == 1
 

@@ -111,24 +111,20 @@ log = logging.getLogger(__name__)
 
 # 4 times RocketMQ's BATCH_SIZE: a batch's costs per queue it names (a run to commit, a file to
 # look up and copy into, units handed over) and the coordinator's per batch (waking up, taking
-# an answer, committing, sending the next task and the append request: 0.3 ms, taken from the
-# workers' cores) are spread over 4 times the records.  bench/dispatch.py on tmpfs, against
-# 4 MiB: 10,000 queues steady 1.1-1.4 s -> 0.75 s with 2 workers and 1.8 -> 1.0 s with 1, files
-# half 2.0 -> 1.6-1.8 s and 3.1-3.4 -> 2.4 s; one hot queue and 10 queues within the noise; the
-# coordinator's CPU a quarter to a third lower.  (32 MiB was no faster, and its handovers
-# outgrow the pipes.)
+# an answer, committing, sending the next task and the append request, on the workers' cores)
+# are spread over 4 times the records; a larger batch's handovers outgrow the pipes
+# (workers.RESULT_PIPE_BYTES).
 DEFAULT_BATCH_BYTES = 16 << 20
 DEFAULT_INLINE_BYTES = 64 << 10
-# a batch's fixed costs (its messages, the head's index-append round trip, a worker's setup) are
-# about 0.3 ms: a smaller batch (64 KiB is 230 records of bench/dispatch.py, 0.1 ms of a
-# worker's time) spends more on them than on its records, and the shrinking tail of a large
-# backlog was mostly such batches
+# a batch's fixed costs (its messages, the head's index-append round trip, a worker's setup)
+# outweigh the work on its records below this size, so the tail of a large backlog is not cut
+# into smaller batches
 MIN_BATCH_BYTES = 1 << 20
 BATCHES_PER_WORKER = 4  # a backlog is cut in batches of backlog / (this x workers)
 UNBUILT_PER_WORKER = 3  # batches sent to workers and not answered yet, per worker
 # batches cut and not committed yet, per worker: built ones wait at the head for the index
-# appends before them (one at a time, each when its worker reaches a point where it reads);
-# with 3 (the unbuilt limit), the workers were idle 10-25% of the time for want of a batch
+# appends before them (one at a time, each when its worker reaches a point where it reads), so
+# more are cut than are unbuilt, or the workers wait for want of a batch
 OUTSTANDING_PER_WORKER = 8
 MAX_WORKER_DEATHS_IN_A_ROW = 4
 

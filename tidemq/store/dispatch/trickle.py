@@ -3,11 +3,8 @@ ConsumeQueues and the key index on the dispatching thread, one record at a time.
 
 At light load a dispatch round holds one to a few dozen records.  Through the batch path
 (columnar `scan`, `BatchBuilder`, `QueueRuns`, the commit of runs, the index append) such a round
-is dozens of NumPy and pipeline calls that each cost a microsecond or more, and the dispatch
-thread runs it with cold caches after sleeping between rounds.  Measured on the 2-core machine
-(SDK-like records: 8 queues, a tag and a UNIQ_KEY each), CPU per round, back to back / after a
-2 ms sleep: 1 record 93 / 318 us by the batch path, 28 / 129 us here; 8 records 297 / 486 against
-193 / 329; 32 records 832 / 1,115 against 785 / 787.
+is dozens of NumPy and pipeline calls with fixed costs, and the dispatch thread runs it with
+cold caches after sleeping between rounds; one record at a time costs less up to MAX_RECORDS.
 
 `dispatch_trickle` takes the records from `begin` while each passes `scan`'s checks
 (`scan.decode_one`) and ends at or before `stop`, and the blank that closes the segment after
@@ -33,7 +30,7 @@ from .requests import QueueKey
 
 DELAY = PROPERTY_DELAY.encode()
 
-MAX_RECORDS = 32  # more is a batch (measured: a trickle costs less per round up to about this size)
+MAX_RECORDS = 32  # more is a batch: past this a round costs the batch path no more than a trickle
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
 
 

@@ -49,12 +49,10 @@ from .requests import QueueKey
 MAPPINGS_ENV = "TIDEMQ_DISPATCH_WORKER_MAPPINGS"
 # glibc's malloc in a worker process (the coordinator puts these in its environment): arrays of
 # up to 32 MiB come from the heap, and up to 128 MiB of freed heap stays mapped; and the worker
-# touches WARM_HEAP_BYTES of heap as it starts (`_warm_heap`).  By default arrays past 128 KB
-# were fresh mappings, unmapped when freed, until glibc's threshold had risen past them: a new
-# worker's first batches faulted in every page they used, 1,000-3,000 faults a 16 MiB batch,
-# and took 2-4 times as long as later ones (26-36 ms against 7-10 for the first, one hot queue);
-# and a worker whose batches shrank and grew again gave its heap back and faulted it in anew.
-# The price: a worker keeps about WARM_HEAP_BYTES more resident
+# touches WARM_HEAP_BYTES of heap as it starts (`_warm_heap`).  By default glibc maps arrays past
+# 128 KB afresh and unmaps them when freed, so a new worker's first batches, and a worker whose
+# batches shrink and grow again, fault in every page they use.  The price: a worker keeps about
+# WARM_HEAP_BYTES more resident
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
 WARM_HEAP_BYTES = 64 << 20  # about twice what a 16 MiB batch uses at once
 RESULT_PIPE_BYTES = 1 << 20  # a worker's pipes, each way: room for an answer naming 20,000 queues
@@ -194,20 +192,18 @@ class WorkerProcess:
         if _F_SETPIPE_SZ is not None:
             for pipe_end in (from_child_w, to_child_w):
                 try:
-                    # an answer naming 10,000 queues is 250 KB, and the units it hands over up
-                    # to 710 KB (a 16 MiB batch, 2 workers): in a 64 KB pipe the worker waited
-                    # (140-250 ms) to send it until the coordinator had committed the batches
-                    # before (new queues), instead of building its next batch meanwhile; the
-                    # other way, the coordinator would wait to forward the units handed over
-                    # until the owner read them
+                    # an answer naming many queues, and the units it hands over, are hundreds
+                    # of KB: in a default pipe the worker would wait to send it until the
+                    # coordinator had committed the batches before, instead of building its
+                    # next batch meanwhile; the other way, the coordinator would wait to forward
+                    # the units handed over until the owner read them
                     fcntl.fcntl(pipe_end, _F_SETPIPE_SZ, RESULT_PIPE_BYTES)
                 except OSError:  # above the system's limit for pipes (fs.pipe-max-size): the default
                     pass
         package_root = str(Path(__file__).resolve().parents[3])  # the directory holding tidemq/
         env = dict(os.environ)
         env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        # NumPy's OpenBLAS threads, idle but polling, took 1.5% of the machine per worker
-        # (perf); a worker never multiplies matrices
+        # NumPy's OpenBLAS threads poll while idle; a worker never multiplies matrices
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         for name, value in MALLOC_ENV.items():  # the worker's heap is kept (see MALLOC_ENV)
             env.setdefault(name, value)

@@ -18,9 +18,8 @@ for every record as NumPy columns:
 
 Where the extension is built, one compiled pass (`_dispatch.scan_into`) fills every column and
 the value ranges of TAGS, UNIQ_KEY and KEYS, and, asked for keys, hashes them into the key
-index's entries: on the 2-core machine about 0.1 us a record, in place of 1 to 1.5 us.  Python
-then decodes each distinct topic once and hashes only what is not ASCII.  (Keys asked of a scan
-that was not asked for them are hashed from the ranges by NumPy.)
+index's entries.  Python then decodes each distinct topic once and hashes only what is not
+ASCII.  (Keys asked of a scan that was not asked for them are hashed from the ranges by NumPy.)
 
 Without it, only the walk along the chain (one 4-byte read per record) and the topic (a slice and
 a cached decode) are per-record Python work; the fixed fields and every layout check are gathered with
@@ -348,8 +347,8 @@ def _scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | Non
 def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int, keys: bool = False) -> RecordColumns:
     """`scan` by the compiled walk (`_dispatch.scan_into`, which documents the columns it fills):
     every field and check in one pass, the value ranges of UNIQ_KEY and KEYS included, and with
-    `keys` the key index's entries (hashed as each record is read: a second pass read the
-    properties again from memory, 113 ns a record of bench/dispatch.py against 29 from cache).
+    `keys` the key index's entries (hashed as each record is read, while its properties are in
+    cache, not in a second pass).
     Python decodes each distinct topic once and hashes the few TAGS values that are not ASCII."""
     limit = min(stop - MIN_RECORD_SIZE + 1, soft_stop)
     capacity = (limit - start + MIN_RECORD_SIZE - 1) // MIN_RECORD_SIZE  # records that can start before limit

@@ -206,8 +206,8 @@ class KeyIndex:
 
     def _new_file(self, first_timestamp: int) -> IndexFile:
         """Begin a new newest file.  The one it follows is full; `flush` makes it durable, off
-        the dispatch thread (flushing it here stalled dispatch: 50 ms for an 84 MB file, and
-        RocketMQ's files are 420 MB; RocketMQ flushes it on a thread of its own too)."""
+        the dispatch thread (a flush here would stall dispatch for the whole file; RocketMQ
+        flushes it on a thread of its own too)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         stamp = max(first_timestamp, 0)
         names = {f.path.name for f in self.files}

@@ -2,8 +2,8 @@
 own thread.
 
 The first write to each page of a file mapping costs the kernel a page-cache allocation, zeroing
-and the filesystem's page_mkwrite; on this kind of machine that is 1 to 9 us per 4 KiB page, and
-it varies with memory pressure.  Paid inside `put` it is most of the cost of a 1 KiB append.  The
+and the filesystem's page_mkwrite, more with memory pressure.  Paid inside `put` it is most of
+the cost of a 1 KiB append.  The
 warmer pays it on another thread instead, with MADV_POPULATE_WRITE (Linux 5.14) called through
 ctypes, which releases the GIL for the call (`mmap.madvise` holds it).  RocketMQ warms its mapped
 files ahead in a background service for the same reason.

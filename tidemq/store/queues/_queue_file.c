@@ -11,11 +11,8 @@
  * What it saves against `consume_queue.map_queue_file` (Python's mmap module): that function
  * opens first and makes the directory on FileNotFoundError (an exception and a second open for
  * every new queue), and `mmap.mmap` stats the file again and keeps a duplicate of its descriptor
- * for the mapping's lifetime (a dup, and a close at unmapping).  Making 10,000 new queues'
- * directories and files and mapping them took 67-71 us a queue through the Python function, 36-42
- * us with these system calls from C; mapping 10,000 files made already, 19-21 us against 7.4
- * (this machine, ext4).  A dispatch worker maps every queue file it writes, its own queues' and,
- * with 2 workers, most of the other's.
+ * for the mapping's lifetime (a dup, and a close at unmapping).  A dispatch worker maps every
+ * queue file it writes, its own queues' and, with 2 workers, most of the other's.
  *
  * A `Mapping` is a writable buffer of `size` bytes (struct.pack_into, memoryview, NumPy), with
  * `len()`, indexing and slice assignment as `mmap.mmap` has them (`m[a:b] = buffer` of the same

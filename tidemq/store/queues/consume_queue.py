@@ -54,8 +54,7 @@ def map_queue_file(path: str, size: int, create: bool = True, random_access: boo
     extended to `size` bytes if shorter: idempotent, so a store and its dispatch workers may make
     the same file at once.  Mapped MADV_RANDOM when `random_access`, and always when just
     extended: a write fault on a new (sparse) file otherwise reads ahead the file's holes into
-    the page cache as zero pages (the whole of a 400 KB file: 90-150 us for the first unit
-    written, 8 us without readahead)."""
+    the page cache as zero pages (the whole of the file, for its first unit written)."""
     flags = os.O_RDWR | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o644)
@@ -97,8 +96,8 @@ class Unit:
 class _QueueFile:
     """One file of a queue, mapped when opened, or (`lazy`: a file parallel-dispatch workers
     made) on first use of `mm`.  Its path is made from its queue's when asked for: parallel
-    dispatch adopts thousands of new queues in one batch, a light-queue broker holds millions, and
-    a kept path string was 84 bytes and 0.7 us of each new queue."""
+    dispatch adopts thousands of new queues in one batch, and a light-queue broker holds
+    millions, so a queue keeps no string of its own."""
 
     __slots__ = ("queue", "start", "_mm")
 
@@ -242,10 +241,10 @@ class FrontierTable:
 
 
 _NOTHING_PENDING: frozenset[int] = frozenset()  # every queue's `_pending` until a slot is pending
-# the queues' locks (`ConsumeQueue._lock`), a queue taking the one its key hashes to: a lock of
-# its own made each queue about 100 bytes bigger (bench/commit.py: 750 bytes a queue at a million
-# queues, against 651).  No code holds a queue's lock while it takes another's, so queues sharing
-# one lock only wait for each other, for as long as one read or one commit holds it
+# the queues' locks (`ConsumeQueue._lock`), a queue taking the one its key hashes to (a lock of
+# its own would make every queue bigger; bench/commit.py prints the bytes a queue takes).  No
+# code holds a queue's lock while it takes another's, so queues sharing one lock only wait for
+# each other, for as long as one read or one commit holds it
 _QUEUE_LOCKS = tuple(threading.Lock() for _ in range(256))
 
 
@@ -477,8 +476,8 @@ class ConsumeQueue:
             return False
         files = self._files
         if not (files and files[0].start <= first and end <= files[-1].start + self.units_per_file):
-            # files a worker process made, mapped when first read: a busy queue starts a file
-            # every 20,000 units or so (bench/dispatch.py), 50 us of the dispatch thread each
+            # files a worker process made, mapped when first read, not on the dispatch thread
+            # as each is reached
             self._file_for(end - 1, create=True, lazy=True)
         with self._lock:
             frontier = self.commit_frontier
@@ -502,8 +501,7 @@ class ConsumeQueue:
         start = first_offset - first_offset % self.units_per_file
         if start == first_offset:
             # mapped when first used (made then if no worker has): the coordinator commits a
-            # burst of new queues (10,000 in one batch in bench/dispatch.py) without opening and
-            # mapping each file on its thread, 45 us a queue
+            # burst of new queues without opening and mapping each file on its thread
             with self._lock:
                 self._files.append(self._lazy_file(start))
         else:
@@ -518,9 +516,7 @@ class ConsumeQueue:
         `adopt_files(first)` and `commit_range(first, end)` make of each, in one step (a batch may
         bring 10,000 new queues).  Their rows of `table` are taken together and their frontiers
         and file ends set with one NumPy assignment each, so that each queue costs the dispatch
-        thread its objects only: a slotted queue and file, and a list (committing a batch
-        that starts 10,000 queues, `QueueCommitter._adopt`, took 51-69 ms against 110-136 ms with
-        a dict, a path string and a set of its own in each queue)."""
+        thread its objects only: a slotted queue and file, and a list."""
         starts, stops = np.asarray(firsts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
         bad = np.flatnonzero((starts % units_per_file != 0) | (stops <= starts) | (stops > starts + units_per_file))
         if len(bad):
