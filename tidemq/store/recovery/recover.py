@@ -253,7 +253,9 @@ def _set_aside(commit_log: CommitLog, directory: Path, bad: record.Invalid, repo
     """Repair: replace the damaged record `bad` by a placeholder of its size, if its size field
     holds (the record after it decodes); keep its bytes under repair/.  False if it cannot."""
     segment = commit_log.segment_for(bad.offset)
-    pos = bad.offset - segment.start if segment is not None else -1
+    if segment is None:
+        return False
+    pos = bad.offset - segment.start
     if pos < 0 or bad.size < 91 or pos + bad.size >= segment.size:
         return False
     after = record.decode(segment.mm, pos + bad.size, base_offset=segment.start, check_crc=False, read_body=False)
@@ -287,7 +289,7 @@ def recover(directory: Path, commit_log: CommitLog, queues: ConsumeQueueStore, k
         start = commit_log.segments[0].start  # a repair validates the whole log
     scan = scan_log(commit_log, start)
     report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
-    while repair and scan.corrupt_in_middle and _set_aside(commit_log, directory, scan.invalid, report):
+    while repair and scan.corrupt_in_middle and scan.invalid is not None and _set_aside(commit_log, directory, scan.invalid, report):
         scan = scan_log(commit_log, start)
         report.end = scan.end
     if scan.invalid is not None:
