@@ -1,14 +1,12 @@
 """ConsumeQueue files: 20-byte units, file roll-over, blank padding, truncation, directories.  What
-every queue store does (frontier, reads, time search) is in test_queue_store_contract.py."""
+every queue store does (frontier, reads, time search) is in test_queue_store_contract.py; what a
+write reads into the page cache, in bench/queue_files.py."""
 
-import ctypes
-import mmap
-import os
 import struct
 
 import pytest
 
-from tidemq.store.queues.consume_queue import BLANK_UNIT_SIZE, UNIT_SIZE, ConsumeQueue, FrontierTable, file_name, map_queue_file
+from tidemq.store.queues.consume_queue import BLANK_UNIT_SIZE, UNIT_SIZE, ConsumeQueue, file_name
 from tidemq.store.queues.queue_set import FS_TOPDIR_FL, ConsumeQueueStore, inode_flags, spread_topic_directories
 
 
@@ -58,44 +56,6 @@ def test_truncate_and_correct_min(tmp_path):
     cq.close()
     reopened = ConsumeQueue(tmp_path, "t", 0)
     assert (reopened.min_offset, reopened.max_offset) == (4, 7)  # a restart re-derives min from files
-
-
-def _resident_pages(path) -> list[int]:
-    """The pages of the file at `path` in the page cache (mincore over a fresh mapping)."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-    pages = (len(mm) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-    vector = (ctypes.c_ubyte * pages)()
-    view = ctypes.c_char.from_buffer(mm)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    result = libc.mincore(ctypes.addressof(view), len(mm), vector)
-    del view
-    mm.close()
-    assert result == 0, os.strerror(ctypes.get_errno())
-    return [page for page in range(pages) if vector[page] & 1]
-
-
-def test_writing_a_new_page_of_a_file_dispatch_made_reads_in_that_page_only(tmp_path):
-    # a worker makes the file (sparse past what it writes) and writes slot 0; the store adopts
-    # the queue and maps the file when first used, then the dispatch thread writes a slot on a
-    # page no one has touched: the fault must not read the file's holes ahead into the page
-    # cache (with the default advice it read the whole 400 KB file, 0.9 ms a queue)
-    units = 20_000
-    path = tmp_path / "t" / "0" / file_name(0)
-    made = map_queue_file(str(path), units * UNIT_SIZE)
-    made[:UNIT_SIZE] = struct.pack(">qiq", 0, 100, 0)
-    made.close()
-    cq = ConsumeQueue.adopted_many(tmp_path, units, FrontierTable(), [("t", 0)], [0], [1])[0]
-    slot = 10 * mmap.PAGESIZE // UNIT_SIZE + 3  # on page 10
-    cq.mapping_of(0)[slot * UNIT_SIZE : (slot + 1) * UNIT_SIZE] = struct.pack(">qiq", 100, 100, 0)
-    resident = _resident_pages(path)
-    assert 10 in resident
-    assert set(resident) <= {0, 10}, f"pages read ahead: {resident}"
-    cq.close()
 
 
 def test_the_queue_directory_is_marked_so_that_topic_directories_spread(tmp_path):
