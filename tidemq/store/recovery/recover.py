@@ -10,6 +10,8 @@ Policy (spec §6, STYLE "corruption policy is explicit"):
   open (CorruptStoreError names the offset) unless opened with repair=True, which cuts the log
   there and keeps a copy of every byte it cut under `{store}/repair/`.
 - Indexes are truncated to the recovered end and rebuilt from the log.
+
+`recover` carries out this policy when a store opens; the rest of the module are its steps.
 """
 
 from __future__ import annotations
