@@ -483,7 +483,7 @@ class BatchBuilder:
         self._write_groups(handover.topic_names, order, handover.topic_ids, handover.queue_ids, handover.firsts, starts, stops, whole,
                            handover.slots, units, memoryview(handover.units), self._queue_file)
         if dies:
-            self.faults.die()
+            WorkerFaults.die()
 
     def _rotated(self, order: np.ndarray) -> np.ndarray:
         """The groups `order` lists (by topic, then queue id) started `owner / owners` of the way

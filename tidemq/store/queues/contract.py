@@ -29,7 +29,8 @@ over every implementation (`tests/store/test_queue_store_contract.py`).
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from .consume_queue import Unit
 
