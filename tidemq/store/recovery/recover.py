@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..dispatch.requests import DispatchSink, QueueKey, queue_codes, queue_rows
+from ..dispatch.requests import QueueKey, queue_codes, queue_rows
 from ..errors import CorruptStoreError
 from ..format import record
 from ..format.scan import RecordColumns, field_at, field_view, header_sizes, scan
@@ -231,6 +231,15 @@ def cut_tail(commit_log: CommitLog, end: int, store_dir: Path, keep_copy: bool) 
     return cut
 
 
+class CutBackIndex(Protocol):
+    """An index recovery cuts back to the recovered log end and asks where it must be rebuilt
+    from (the light queues)."""
+
+    def truncate(self, commit_log_end: int) -> None: ...
+
+    def covered_offset(self) -> int: ...
+
+
 class Redispatcher(Protocol):
     """What recovery asks of the dispatcher it starts."""
 
@@ -278,7 +287,7 @@ def _set_aside(commit_log: CommitLog, directory: Path, bad: record.Invalid, repo
 
 
 def recover(directory: Path, commit_log: CommitLog, queues: ConsumeQueueStore, key_index: KeyIndex | None,
-            light_queues: DispatchSink | None, checkpoint: Checkpoint, abnormal: bool, repair: bool,
+            light_queues: CutBackIndex | None, checkpoint: Checkpoint, abnormal: bool, repair: bool,
             start_dispatcher: Callable[[int], Redispatcher]) -> Recovered:
     """Open-time recovery of a store (the policy in this module's docstring): validate the log,
     set damaged records aside (`repair`) or refuse to open, cut what follows the last valid
