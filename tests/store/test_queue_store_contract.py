@@ -5,14 +5,15 @@ how an implementation keeps it.  To run it over another implementation, append i
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tidemq.store.light.kv_queue import KvQueue
 from tidemq.store.queues.consume_queue import DEFAULT_UNITS_PER_FILE, MAPPINGS, ConsumeQueue
 from tidemq.store.queues.contract import QueueStore
 from tidemq.store.queues.queue_set import ConsumeQueueStore
@@ -50,6 +51,7 @@ QUEUE_STORE_FACTORIES: list[QueueStoreFactory] = [
     QueueStoreFactory("file-4-units", file_queue(4)),
     QueueStoreFactory("queue-set", queue_of_the_set),
     QueueStoreFactory("file-one-mapping", queue_with_one_mapping),
+    QueueStoreFactory("light-kv", lambda directory: KvQueue.open(directory, "%LMQ%contract")),
 ]
 
 
