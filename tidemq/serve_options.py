@@ -22,6 +22,7 @@ class ServeOptions:
     segment_size: int = 1 << 30
     retention_hours: float = 72.0
     max_message_size: int = 4 * 1024 * 1024
+    append_crc_property: bool = True
     long_polling_timeout_ms: int = 20_000
     grace_seconds: float = 5.0
     auto_renew_invisible_time_ms: int = 60_000
@@ -60,6 +61,8 @@ OPTIONS = [
     ("--segment-size", "mappedFileSizeCommitLog", "segment_size", "commit-log segment bytes"),
     ("--retention-hours", "fileReservedTime", "retention_hours", "hours a commit-log segment is kept"),
     ("--max-message-size", "maxMessageSize", "max_message_size", "largest message body in bytes"),
+    ("--append-crc-property", "enabledAppendPropCRC", "append_crc_property",
+     "append RocketMQ's whole-record CRC property (__CRC32#) to each record (true|false)"),
     ("--long-polling-timeout-ms", "grpcClientConsumerLongPollingTimeoutMillis", "long_polling_timeout_ms",
      "long polling time told to push consumers"),
     ("--grace-seconds", "shutdownGraceSeconds", "grace_seconds", "time in-flight calls get at shutdown"),

@@ -106,3 +106,17 @@ def test_remote_writes(remote):
     assert (remote / "out/index/a").read_bytes() == b"index"
     files.remove_tree(f"{REMOTE}out/index")
     assert not files.exists(f"{REMOTE}out/index") and files.exists(f"{REMOTE}out/consumequeue")
+
+
+def test_a_flipped_header_byte_stops_the_read_by_the_whole_record_crc(tmp_path):
+    from tidemq.store import Message, MessageStore, StoreConfig
+
+    store = tmp_path / "broker-a"
+    with MessageStore(store, StoreConfig(segment_size=1 << 20, dispatch_workers=0)) as writer:
+        puts = [writer.put(Message(topic="T", body=b"body %d" % i)) for i in range(5)]
+    segment = store / "commitlog" / f"{0:020d}"
+    data = bytearray(segment.read_bytes())
+    data[puts[2].commit_log_offset + 40] ^= 0x10  # BORNTIMESTAMP: outside the body CRC
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptLogError, match=rf"offset {puts[2].commit_log_offset} \(whole-record CRC"):
+        read_all(planning.resolve([str(store)]), 16 * 1024)

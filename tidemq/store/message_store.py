@@ -81,6 +81,8 @@ class StoreConfig:
     enable_multi_dispatch: bool = True  # enableMultiDispatch: INNER_MULTI_DISPATCH names get units
     light_queue_store: str = "kv"  # "kv": the key-value tables; "file": RocketMQ's consumequeue/%LMQ%name/0/
     light_queue_idle_expiry_ms: int = 24 * 3600 * 1000  # idle, fully consumed light queues go after it; 0: never
+    # enabledAppendPropCRC: each record carries RocketMQ's whole-record CRC property (`__CRC32#`)
+    append_crc_property: bool = True
     clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)
 
     def __post_init__(self) -> None:
@@ -395,7 +397,7 @@ class MessageStore:
             region = commit_log.warm_region()
             if region is not None:
                 mm, base, ready_end = region
-                index = write_records(mm, base, ready_end, messages, prepared, index, queue_offsets, store_timestamp, store_host, results, PutResult, commit_log)
+                index = write_records(mm, base, ready_end, messages, prepared, index, queue_offsets, store_timestamp, store_host, results, PutResult, commit_log, record.crc32)
                 if index == count:
                     break
             self._append_python(messages, prepared, store_timestamp, results, index, index + 1)
@@ -409,6 +411,7 @@ class MessageStore:
         queue_offsets = self._queue_offsets
         store_host = self.config.store_host
         stored = results.append
+        seal, seal_crc_property = self.config.append_crc_property, record.seal_crc_property
         for index in range(start, stop):
             message = messages[index]
             template, body, body_crc, properties_bytes, unique_key = prepared[index]
@@ -438,6 +441,8 @@ class MessageStore:
                 offset,
                 store_timestamp,
             )
+            if seal:
+                seal_crc_property(mm, pos, size)
             commit_log.write_position = offset + size
             if takes_offset:
                 queue_offsets[key] = queue_offset + 1

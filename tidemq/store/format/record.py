@@ -328,6 +328,25 @@ _I16 = struct.Struct(">h")
 CRC32_PROPERTY = "__CRC32#"
 CRC32_PROPERTY_SIZE = len(CRC32_PROPERTY) + 1 + 10 + 1
 CRC32_PROPERTY_MARK = CRC32_PROPERTY.encode() + b"\x01"
+# What an appended record's properties end with before `seal_crc_property` fills in the digits.
+CRC32_PROPERTY_RESERVED = CRC32_PROPERTY_MARK + b"0" * 10 + b"\x02"
+
+
+def crc_property_digits(crc: int) -> bytes:
+    """The ten digits RocketMQ writes for `crc` (31 bits): least significant first, zero-padded."""
+    return str(crc).zfill(10)[::-1].encode("ascii")
+
+
+def seal_crc_property(buf, pos: int, size: int) -> None:
+    """Fill in the whole-record CRC of the record at buf[pos:pos+size] if its properties end with
+    the reserved property (`CRC32_PROPERTY_RESERVED`); every other field must be final."""
+    end = pos + size
+    tail = end - CRC32_PROPERTY_SIZE
+    if buf[tail : tail + len(CRC32_PROPERTY_MARK)] != CRC32_PROPERTY_MARK or buf[end - 1] != 2:
+        return
+    with memoryview(buf)[pos:tail] as covered:
+        crc = crc32(covered) & 0x7FFFFFFF
+    buf[end - 11 : end - 1] = crc_property_digits(crc)
 
 
 def whole_crc_mismatch(buf, pos: int, end: int) -> bool:

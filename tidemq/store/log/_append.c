@@ -16,6 +16,10 @@
  * range raises struct.error, as struct.pack_into does, after the messages before it were
  * written and accounted for.
  *
+ * A record whose properties end with the reserved whole-record CRC property (the encoder reserves
+ * it when the store appends RocketMQ's `__CRC32#`) is sealed once every other field is written:
+ * `seal_crc_property` writes the CRC of the bytes before the property into its ten digits.
+ *
  * Layout of a record (big-endian; ip is 4 or 16 bytes):
  *   TOTALSIZE i32, MAGICCODE i32, BODYCRC i32, QUEUEID i32, FLAG i32, QUEUEOFFSET i64,
  *   PHYSICALOFFSET i64, SYSFLAG i32, BORNTIMESTAMP i64, BORNHOST ip + port i32,
@@ -136,6 +140,26 @@ static PyObject *next_unique_key(PyObject *counter, const char *prefix, Py_ssize
     return PyUnicode_FromStringAndSize(text, prefix_len + 12);
 }
 
+/* RocketMQ's whole-record CRC property (record.py, `seal_crc_property`): when the `size` bytes of the
+ * record at `rec` end with "__CRC32#" \x01, ten digits and \x02, the digits become the CRC of every
+ * byte before the property, least significant digit first.  0, or -1 with an error set. */
+#define CRC32_PROPERTY_SIZE 20
+static int seal_crc_property(PyObject *crc32, unsigned char *rec, long long size) {
+    unsigned char *tail = rec + size - CRC32_PROPERTY_SIZE;
+    if (size < CRC32_PROPERTY_SIZE || memcmp(tail, "__CRC32#\x01", 9) != 0 || rec[size - 1] != 2) return 0;
+    PyObject *covered = PyMemoryView_FromMemory((char *)rec, (Py_ssize_t)(size - CRC32_PROPERTY_SIZE), PyBUF_READ);
+    if (covered == NULL) return -1;
+    PyObject *crc_obj = PyObject_CallOneArg(crc32, covered);
+    Py_DECREF(covered);
+    if (crc_obj == NULL) return -1;
+    unsigned long long crc = PyLong_AsUnsignedLongLongMask(crc_obj);
+    Py_DECREF(crc_obj);
+    if (crc == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    crc &= 0x7FFFFFFFULL;
+    for (int k = 0; k < 10; k++, crc /= 10) tail[9 + k] = (unsigned char)('0' + crc % 10);
+    return 0;
+}
+
 /* A RecordTemplate's `native` tuple: magic, sysflag bits, born ip, born port, store ip, store port,
    topic part, fixed size. */
 typedef struct {
@@ -163,22 +187,23 @@ static int unpack_native(PyObject *native, Native *n) {
 }
 
 /* write_records(buf, base, ready_end, messages, prepared, start, queue_offsets, store_timestamp,
- *               store_host, results, result_type, commit_log) -> index of the first message not
- *               written
+ *               store_host, results, result_type, commit_log, crc32) -> index of the first message
+ *               not written
  *
  * messages: a list or tuple of Message;
  * buf: the active segment's mapping, whose byte 0 is commit-log offset `base`;
  * prepared[i]: (template, body, body_crc, properties_bytes, unique_key) from MessageEncoder;
  * template.native: (magic, sysflag_bits, born_ip, born_port, store_ip, store_port, topic_part,
  *                   fixed_size);
- * commit_log.write_position: where the next record goes, advanced after each record. */
+ * commit_log.write_position: where the next record goes, advanced after each record;
+ * crc32: the CRC function that seals a record ending with the reserved CRC property. */
 static PyObject *write_records(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *messages, *prepared, *queue_offsets, *store_host, *results, *result_type, *commit_log;
+    PyObject *buf_obj, *messages, *prepared, *queue_offsets, *store_host, *results, *result_type, *commit_log, *crc32;
     long long base, ready_end, store_timestamp;
     Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "OLLOO!nO!LOO!OO", &buf_obj, &base, &ready_end, &messages,
+    if (!PyArg_ParseTuple(args, "OLLOO!nO!LOO!OOO", &buf_obj, &base, &ready_end, &messages,
                           &PyList_Type, &prepared, &start, &PyDict_Type, &queue_offsets, &store_timestamp,
-                          &store_host, &PyList_Type, &results, &result_type, &commit_log))
+                          &store_host, &PyList_Type, &results, &result_type, &commit_log, &crc32))
         return NULL;
     if (!PyList_Check(messages) && !PyTuple_Check(messages)) {
         PyErr_SetString(PyExc_TypeError, "messages must be a list or a tuple");
@@ -290,8 +315,8 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
             }
         }
 
-        unsigned char *p = (unsigned char *)view.buf + (offset - base);
-        p = write_head(p, size, magic, body_crc, queue_id, flag, queue_offset, offset,
+        unsigned char *rec = (unsigned char *)view.buf + (offset - base);
+        unsigned char *p = write_head(rec, size, magic, body_crc, queue_id, flag, queue_offset, offset,
                        (sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | sysflag_bits, born_timestamp,
                        born_ip, born_port, store_timestamp, store_ip, store_port, reconsume_times, prepared_offset,
                        body, body_len, topic_part);
@@ -299,6 +324,7 @@ static PyObject *write_records(PyObject *self, PyObject *args) {
         p[1] = (unsigned char)properties_len;
         memcpy(p + 2, PyBytes_AS_STRING(properties), properties_len);
         Py_DECREF(native);
+        if (seal_crc_property(crc32, rec, size) < 0) { Py_DECREF(key); goto error; }
 
         long long record_offset = offset;
         offset += size;
@@ -684,9 +710,9 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     for (int k = 0; k < 6; k++) PyTuple_SET_ITEM(result, k, items[k]);  /* tuple.__new__(PutResult, fields) */
 
-    unsigned char *p = (unsigned char *)view.buf + (offset - base);
+    unsigned char *rec = (unsigned char *)view.buf + (offset - base);
     const Native *nat = &c.nat;
-    p = write_head(p, size, nat->magic, crc, c.qid, c.flag, queue_offset, offset,
+    unsigned char *p = write_head(rec, size, nat->magic, crc, c.qid, c.flag, queue_offset, offset,
                    (c.sysflag & ~(long long)(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)) | nat->sysflag_bits, born_timestamp,
                    nat->born_ip, nat->born_port, store_timestamp, nat->store_ip, nat->store_port, c.reconsume_times,
                    c.prepared_offset, c.body, PyBytes_GET_SIZE(c.body), nat->topic_part);
@@ -694,8 +720,10 @@ static PyObject *put_common(PyObject *self, PyObject *const *args, Py_ssize_t na
     *p++ = (unsigned char)c.properties_len;
     write_common_properties((char *)p, uniq_property, text, prefix_len + 12, &c);
 
-    /* the record is written: account for it (these only fail for want of memory) */
-    int failed = PyObject_SetAttr(commit_log, str_write_position, end_obj) < 0;
+    /* the record is written: seal it, then account for it (these only fail for want of memory;
+       a record not accounted for lies past write_position, where the next one overwrites it) */
+    int failed = seal_crc_property(crc32, rec, size) < 0;
+    if (!failed) failed = PyObject_SetAttr(commit_log, str_write_position, end_obj) < 0;
     if (!failed && takes_offset) failed = PyDict_SetItem(queue_offsets, key, next_obj) < 0;
     Py_DECREF(end_obj);
     Py_DECREF(next_obj);

@@ -86,6 +86,9 @@ class MessageEncoder:
         self._valid_topics: set[str] = set()  # topics already validated (a cache, not a registry)
         self._templates: dict[tuple, record.RecordTemplate] = {}  # (topic, born host) -> template
         self._property_suffixes: dict[str | None, bytes] = {}  # tag -> its encoded TAGS property
+        # RocketMQ's enabledAppendPropCRC: every record's properties end with the whole-record CRC
+        # property, reserved here and filled in once the record is written (record.seal_crc_property)
+        self._crc_tail = record.CRC32_PROPERTY_RESERVED if config.append_crc_property else b""
 
     def common_put_state(self, message_type: type, queue_offsets: dict[tuple[str, int], int], result_type: type, commit_log: Any,
                          clock: Callable[[], int] | None) -> CommonPutState:
@@ -164,13 +167,14 @@ class MessageEncoder:
         if properties:
             unique_key = properties.get(record.PROPERTY_UNIQ_KEY) or self._unique_keys.next()
             items = dict(properties)
+            items.pop(record.CRC32_PROPERTY, None)  # a copied record's CRC is stale: the store writes its own
             items[record.PROPERTY_UNIQ_KEY] = unique_key
             if message.tags is not None:
                 items[record.PROPERTY_TAGS] = message.tags
             if message.keys:
                 items[record.PROPERTY_KEYS] = record.KEY_SEPARATOR.join(message.keys)
             try:
-                properties_bytes = record.encode_properties(items)
+                properties_bytes = record.encode_properties(items) + self._crc_tail
             except record.CodecError as exc:
                 raise InvalidMessageError(str(exc)) from None
         else:
@@ -199,7 +203,7 @@ class MessageEncoder:
         if text.count("\x01") != (tags is not None) + bool(keys) or text.count("\x02") != text.count("\x01"):
             raise InvalidMessageError("tags or keys contain a \\x01 or \\x02 separator character")
         try:
-            suffix = b"\x02" + text.encode("utf-8")
+            suffix = b"\x02" + text.encode("utf-8") + self._crc_tail
         except UnicodeEncodeError as exc:
             raise InvalidMessageError(f"tags or keys are not encodable as UTF-8: {exc.reason}") from None
         if not keys and len(self._property_suffixes) < 10_000:
