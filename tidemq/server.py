@@ -70,6 +70,7 @@ class Server:
                             max_receive_message_length=4 * self.options.max_message_size,
                             max_inflated_message_length=self.options.max_message_size + INFLATED_ENVELOPE,
                             limits=http2_limits(self.options))
+        listener.served = server.connection_count  # connections being sniffed count toward the cap too
         self.port = await server.start(self.options.listen, listener)
         host = self.options.listen.rpartition(":")[0]
         service.listen_address = f"{host}:{self.port}"
@@ -99,7 +100,8 @@ def tls_listener(options: ServeOptions) -> SniffingListener:
         except ssl.SSLError as exc:
             raise ValueError(f"TLS certificate {cert_file} with key {key_file}: {exc.reason or exc}") from None
         log.info("TLS %s: certificate %s", options.tls, cert_file)
-    return SniffingListener(options.tls, context)
+    return SniffingListener(options.tls, context, preface_timeout=options.preface_timeout_ms / 1000,
+                            max_connections=options.max_connections)
 
 
 async def serve(options: ServeOptions) -> None:

@@ -16,7 +16,7 @@ import hpack
 import pytest
 from rocketmq import Message, Producer
 
-from .server import ServerProcess
+from .server import ServerProcess, closed_by_server, speaks_http2
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME = struct.Struct(">IBI")
@@ -313,6 +313,34 @@ def test_preface_and_idle_timeouts_and_the_connection_cap(server):
         assert 0 < served <= 48 - 2  # the producer and the idle connection hold two of the 48: some refused
         assert goaway_code(idle.frames_until_closed()) == NO_ERROR  # told it was idle, then closed
         idle.close()
+
+
+PARTIAL_CLIENT_HELLO = b"\x16\x03\x01\x02\x00\x01"  # a TLS ClientHello's first bytes, then nothing
+
+
+def refused(sock: socket.socket) -> bool:
+    """True when the server closes a fresh connection without answering the HTTP/2 preface."""
+    try:
+        return not speaks_http2(sock)
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def test_tls_handshakes_count_toward_the_cap_and_end_at_the_preface_timeout(server):
+    with SteadyProducer(server):
+        stalled = []
+        for _ in range(60):  # above the cap of 48; each stops inside its TLS handshake
+            sock = socket.create_connection(address(server), timeout=10)
+            sock.sendall(PARTIAL_CLIENT_HELLO)
+            stalled.append(sock)
+        with socket.create_connection(address(server), timeout=10) as probe:
+            assert refused(probe)  # the handshakes hold the cap
+        for sock in stalled:  # each ends: refused at once above the cap, else at the 3 s preface timeout
+            sock.settimeout(6)  # (a handshake's own timeout would be 10 s)
+            assert closed_by_server(sock)
+            sock.close()
+        with socket.create_connection(address(server), timeout=10) as again:
+            assert speaks_http2(again)
 
 
 def test_limits_are_set_by_flags_and_config_keys(tmp_path):

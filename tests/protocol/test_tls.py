@@ -18,7 +18,7 @@ from tidemq.protocol.tls import OFF, PERMISSIVE, REQUIRED, SniffingListener, ser
 from e2e.server import closed_by_server, speaks_http2
 
 ECHO = "/test.Tls/Echo"
-FIRST_BYTE_TIMEOUT_S = 0.3
+PREFACE_TIMEOUT_S = 1.0
 
 
 def _echo(request: bytes, rpc) -> bytes:
@@ -36,6 +36,7 @@ class Served:
         else:
             self.loop = asyncio.new_event_loop()
         self.server = GrpcServer({ECHO: Method(UNARY, _echo, bytes, bytes)})
+        listener.served = self.server.connection_count
         started = threading.Event()
 
         def run():
@@ -72,7 +73,7 @@ def serve(certificate, event_loop: str, mode: str = PERMISSIVE, **limits) -> Ser
 
 @pytest.fixture(scope="module", params=["asyncio", "uvloop"])
 def served(request, certificate):
-    s = serve(certificate, request.param, first_byte_timeout=FIRST_BYTE_TIMEOUT_S, handshake_timeout=2.0)
+    s = serve(certificate, request.param, preface_timeout=PREFACE_TIMEOUT_S)
     yield s
     s.stop()
 
@@ -102,7 +103,7 @@ def test_tls_negotiates_h2_with_a_certificate_for_loopback_names(certificate, se
             assert s.version() in ("TLSv1.2", "TLSv1.3")
 
 
-def test_a_silent_peer_is_closed_after_the_first_byte_timeout(served):
+def test_a_silent_peer_is_closed_after_the_preface_timeout(served):
     with served.connect() as s:
         assert closed_by_server(s)  # long before the socket's own 10 s timeout
 
@@ -150,24 +151,26 @@ def test_required_refuses_plaintext_and_off_refuses_tls(certificate, event_loop)
         off.stop()
 
 
-def test_connections_waiting_for_their_first_byte_or_handshake_are_bounded(certificate):
-    served = serve(certificate, "asyncio", first_byte_timeout=60, handshake_timeout=60, max_waiting=4)
+def test_connections_waiting_for_their_first_byte_or_handshake_count_toward_the_cap(certificate):
+    served = serve(certificate, "asyncio", preface_timeout=60, max_connections=5)
     try:
-        waiting = [served.connect() for _ in range(4)]
+        ready = served.connect()
+        assert speaks_http2(ready)  # one connection served ...
+        waiting = [served.connect() for _ in range(4)]  # ... and four being sniffed make five
         for s in waiting[2:]:
             s.sendall(b"\x16\x03\x01\x02\x00\x01")  # a ClientHello's first bytes
         with served.connect() as s:
             assert closed_by_server(s)  # well before the 60 s every waiting one gets
         waiting[0].sendall(PREFACE)  # it was kept waiting, not closed
         assert speaks_http2(waiting[0])
-        for s in waiting:
+        for s in (ready, *waiting):
             s.close()
     finally:
         served.stop()
 
 
 def test_stopping_closes_connections_still_being_sniffed(certificate):
-    served = serve(certificate, "asyncio", first_byte_timeout=60)
+    served = serve(certificate, "asyncio", preface_timeout=60)
     s = served.connect()
     with served.connect() as ready:
         assert speaks_http2(ready)

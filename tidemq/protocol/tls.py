@@ -10,10 +10,11 @@ proxy serves both on one port the same way.
 Modes: `off` (plaintext only; a ClientHello is refused), `permissive` (both), `required` (TLS
 only; plaintext is refused).  A refused connection is closed without an answer.
 
-Bounds a peer cannot lift: a connection whose first byte has not come within
-`first_byte_timeout` is closed; a TLS handshake gets `handshake_timeout`; at most `max_waiting`
-connections wait for their first byte or their handshake (later ones are closed at once).  A failed
-handshake closes that connection only.
+Bounds a peer cannot lift, the HTTP/2 server's own (`--preface-timeout-ms`, `--max-connections`):
+a connection must send its first byte and finish its TLS handshake within `preface_timeout` of
+being accepted, or it is closed; connections waiting for their first byte or in their handshake
+count toward `max_connections` with those served (`served()`), and one accepted beyond it is
+closed at once.  A failed handshake closes that connection only.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ log = logging.getLogger(__name__)
 OFF, PERMISSIVE, REQUIRED = "off", "permissive", "required"
 MODES = (OFF, PERMISSIVE, REQUIRED)
 TLS_HANDSHAKE_RECORD = 0x16  # the content type of a TLS record carrying a handshake message
-FIRST_BYTE_TIMEOUT_S = 10.0
-HANDSHAKE_TIMEOUT_S = 10.0
-MAX_WAITING = 1024
+PREFACE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 4096
 BACKLOG = 1024
+MIN_HANDSHAKE_S = 0.01  # a handshake whose first byte came at the preface timeout's end gets this
 ACCEPT_RETRY_DELAY_S = 1.0  # out of file descriptors: stop accepting this long
 _OUT_OF_RESOURCES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 
@@ -55,22 +56,24 @@ class SniffingListener:
     `(protocol_factory, host, port)` (the shape of the loop's `create_server`); it returns itself,
     with `sockets` and `close()`."""
 
-    def __init__(self, mode: str, context: ssl.SSLContext | None, first_byte_timeout: float = FIRST_BYTE_TIMEOUT_S,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, mode: str, context: ssl.SSLContext | None, preface_timeout: float = PREFACE_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS, served: Callable[[], int] = lambda: 0) -> None:
+        """`served()`: how many connections the server behind holds (handed over, not yet closed)."""
         if mode not in MODES:
             raise ValueError(f"TLS mode must be one of {', '.join(MODES)}, not {mode!r}")
         if mode != OFF and context is None:
             raise ValueError(f"TLS mode {mode} needs a certificate")
         self.mode = mode
         self.context = context
-        self.first_byte_timeout = first_byte_timeout
-        self.handshake_timeout = handshake_timeout
-        self.max_waiting = max_waiting
+        self.preface_timeout = preface_timeout
+        self.max_connections = max_connections
+        self.served = served
         self.sockets: list[socket.socket] = []
         # both set by the call that starts listening, before any socket is watched
         self.loop: asyncio.AbstractEventLoop
         self._protocol_factory: Callable[[], asyncio.Protocol]
         self._waiting: dict[socket.socket, asyncio.TimerHandle] = {}  # accepted, first byte not seen
+        self._accepted_at: dict[socket.socket, float] = {}  # of those waiting: loop time of their accept
         self._handovers: set[asyncio.Task] = set()
         self._closed = False
 
@@ -130,25 +133,29 @@ class SniffingListener:
                 self.loop.remove_reader(listening.fileno())
                 self.loop.call_later(ACCEPT_RETRY_DELAY_S, self._resume_accepting, listening)
                 return
-            if len(self._waiting) + len(self._handovers) >= self.max_waiting:
-                log.warning("closing a connection from %s: %d connections are waiting for their first byte "
-                            "or handshake", _peer(connection), len(self._waiting) + len(self._handovers))
+            sniffed = len(self._waiting) + len(self._handovers)
+            if sniffed + self.served() >= self.max_connections:
+                log.warning("closing a connection from %s: %d connections are open, %d of them waiting for their "
+                            "first byte or handshake", _peer(connection), sniffed + self.served(), sniffed)
                 connection.close()
                 continue
             connection.setblocking(False)
-            self._waiting[connection] = self.loop.call_later(self.first_byte_timeout, self._silent, connection)
+            self._accepted_at[connection] = self.loop.time()
+            self._waiting[connection] = self.loop.call_later(self.preface_timeout, self._silent, connection)
             self.loop.add_reader(connection.fileno(), self._first_byte, connection)
 
     def _resume_accepting(self, listening: socket.socket) -> None:
         if not self._closed:
             self.loop.add_reader(listening.fileno(), self._accept, listening)
 
-    def _forget(self, connection: socket.socket) -> None:
+    def _forget(self, connection: socket.socket) -> float:
+        """Stop waiting for `connection`'s first byte; returns the loop time it was accepted."""
         self._waiting.pop(connection).cancel()
         self.loop.remove_reader(connection.fileno())
+        return self._accepted_at.pop(connection)
 
     def _silent(self, connection: socket.socket) -> None:
-        log.info("closing a connection from %s: nothing received in %g s", _peer(connection), self.first_byte_timeout)
+        log.info("closing a connection from %s: nothing received in %g s", _peer(connection), self.preface_timeout)
         self._forget(connection)
         connection.close()
 
@@ -159,7 +166,7 @@ class SniffingListener:
             return
         except OSError:
             head = b""
-        self._forget(connection)
+        accepted_at = self._forget(connection)
         if not head:
             connection.close()  # closed or reset before saying anything
             return
@@ -172,16 +179,17 @@ class SniffingListener:
             log.info("refusing a plaintext connection from %s: TLS is required", _peer(connection))
             connection.close()
             return
-        task = self.loop.create_task(self._hand_over(connection, tls))
+        # the handshake gets what is left of the preface timeout
+        task = self.loop.create_task(self._hand_over(connection, tls, accepted_at + self.preface_timeout - self.loop.time()))
         self._handovers.add(task)
         task.add_done_callback(self._handovers.discard)
 
-    async def _hand_over(self, connection: socket.socket, tls: bool) -> None:
+    async def _hand_over(self, connection: socket.socket, tls: bool, handshake_timeout: float) -> None:
         peer = _peer(connection)
         try:
             if tls:
                 await self.loop.connect_accepted_socket(self._protocol_factory, connection, ssl=self.context,
-                                                        ssl_handshake_timeout=self.handshake_timeout)
+                                                        ssl_handshake_timeout=max(handshake_timeout, MIN_HANDSHAKE_S))
             else:
                 await self.loop.connect_accepted_socket(self._protocol_factory, connection)
         except (TimeoutError, OSError, ConnectionError) as exc:  # ssl.SSLError is an OSError

@@ -68,6 +68,10 @@ class GrpcServer:
         self._tick()
         return self._server.sockets[0].getsockname()[1]
 
+    def connection_count(self) -> int:
+        """Connections served (handed a transport, not yet closed)."""
+        return len(self._connections)
+
     def protocol(self) -> asyncio.Protocol:
         """A new connection's protocol: give it a transport that carries HTTP/2 (plaintext, or TLS
         already unwrapped) with `connection_made`."""
