@@ -23,6 +23,7 @@ class ServeOptions:
     retention_hours: float = 72.0
     max_message_size: int = 4 * 1024 * 1024
     append_crc_property: bool = True
+    disk_space_warning_level_ratio: int = 90
     long_polling_timeout_ms: int = 20_000
     grace_seconds: float = 5.0
     auto_renew_invisible_time_ms: int = 60_000
@@ -61,6 +62,8 @@ OPTIONS = [
     ("--segment-size", "mappedFileSizeCommitLog", "segment_size", "commit-log segment bytes"),
     ("--retention-hours", "fileReservedTime", "retention_hours", "hours a commit-log segment is kept"),
     ("--max-message-size", "maxMessageSize", "max_message_size", "largest message body in bytes"),
+    ("--disk-space-warning-level-ratio", "diskSpaceWarningLevelRatio", "disk_space_warning_level_ratio",
+     "sends are refused (TOO_MANY_REQUESTS) while the store's disk is more used than this percentage (default 90)"),
     ("--append-crc-property", "enabledAppendPropCRC", "append_crc_property",
      "append RocketMQ's whole-record CRC property (__CRC32#) to each record (true|false)"),
     ("--long-polling-timeout-ms", "grpcClientConsumerLongPollingTimeoutMillis", "long_polling_timeout_ms",
@@ -154,6 +157,9 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     options.tls = _TLS_MODES[options.tls]
     if not 0 <= options.priority_retry_first_percent <= 100:
         raise ValueError(f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}")
+    if not 1 <= options.disk_space_warning_level_ratio <= 100:
+        raise ValueError(f"disk space warning level ratio must be within 1-100 (percent), not "
+                         f"{options.disk_space_warning_level_ratio}")
     http2_limits(options)  # refuses a limit out of its range
     return options
 

@@ -36,6 +36,7 @@ class Server:
             flush=options.flush, segment_size=options.segment_size, retention_hours=options.retention_hours,
             max_message_size=options.max_message_size, store_host=(host if host[0].isdigit() else "127.0.0.1", 10911),
             append_crc_property=options.append_crc_property,
+            disk_space_warning_level_ratio=options.disk_space_warning_level_ratio,
         )
         self.broker_config = broker_config or BrokerConfig(
             auto_create_topic_enable=options.auto_create_topic, auto_create_subscription_group=options.auto_create_group,

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from tidemq.broker import BrokerError, Code
+from tidemq.broker.codes import DISK_FULL
 
 
 class FullDisk:
@@ -44,7 +45,7 @@ def test_a_receive_on_a_full_disk_fails_precisely_and_delivers_nothing(h):
     h.broker.journal.write = FullDisk(room=7)  # half a line, then nothing
     with pytest.raises(BrokerError) as refused:
         h.receive("G", "T")
-    assert refused.value.code == Code.INTERNAL_SERVER_ERROR and "No space left" in refused.value.message
+    assert refused.value.code == DISK_FULL == Code.TOO_MANY_REQUESTS and "No space left" in refused.value.message
     with pytest.raises(BrokerError):
         h.receive("G", "T")  # ENOSPC this time
     assert journal_bytes(h) == before  # the torn part was cut: the journal ends with a whole line
@@ -74,10 +75,10 @@ def test_ack_and_change_invisible_on_a_full_disk_fail_and_change_nothing(h):
     (r,) = h.receive("G", "T", invisible_ms=10_000)
     h.broker.journal.write = FullDisk(room=3)
     (error,) = h.broker.ack_many("G", "T", [r.receipt_handle])
-    assert error.code == Code.INTERNAL_SERVER_ERROR
+    assert error.code == DISK_FULL
     with pytest.raises(BrokerError) as refused:
         h.broker.change_invisible("G", "T", r.receipt_handle, 60_000)
-    assert refused.value.code == Code.INTERNAL_SERVER_ERROR
+    assert refused.value.code == DISK_FULL
     h.broker.journal.write = os.write
     h.clock.advance(10_000)  # the old deadline stands: it comes back
     (again,) = h.receive("G", "T")

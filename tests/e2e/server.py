@@ -21,8 +21,10 @@ TEST_SEGMENT_SIZE = str(64 << 20)
 
 
 class ServerProcess:
-    def __init__(self, store: Path, *args: str) -> None:
+    def __init__(self, store: Path, *args: str, wrapper: tuple[str, ...] = ()) -> None:
+        """`wrapper`: a command the server runs under (it must exec the server in its own process)."""
         self.store = Path(store)
+        self.wrapper = wrapper
         if not any(a in ("--segment-size", "--config") or a.startswith("--segment-size=") for a in args):
             args = ("--segment-size", TEST_SEGMENT_SIZE, *args)
         self.args = args
@@ -36,7 +38,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         offset = log.tell()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tidemq.cli", "serve", "--store", str(self.store), "--listen", listen, *self.args],
+            [*self.wrapper, sys.executable, "-m", "tidemq.cli", "serve", "--store", str(self.store), "--listen", listen, *self.args],
             stdout=log, stderr=log, cwd=self.store.parent,
         )
         log.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..store import Message, MessageStore, record
 from . import clock, fifo, lite, timers, validation
-from .codes import BrokerError, Code
+from .codes import BrokerError, Code, disk_refused
 from .config import BrokerConfig
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .filters import MATCH_ALL, Filter, parse_filter
@@ -724,8 +724,7 @@ def _journal_refused(exc: JournalWriteError, what: str) -> BrokerError:
     """What a client is told when the pop journal could not record its call (the environment:
     the broker's disk is full or failing); nothing of the call took effect."""
     log.error("%s: %s not recorded", exc, what)
-    return BrokerError(Code.INTERNAL_SERVER_ERROR, f"the broker cannot record {what}: its disk refused a pop "
-                       f"journal write ({exc.strerror or exc}); retry later")
+    return disk_refused(exc, what)
 
 
 def _undo_pop(sub: Subscription, out: list[Received], replaced: list[Delivery], cursors_before: dict[int, int]) -> None:

@@ -6,6 +6,7 @@ broker itself never imports protobuf.  A `BrokerError` carries one of them and s
 from __future__ import annotations
 
 import enum
+import errno
 
 
 class Code(enum.IntEnum):
@@ -52,6 +53,23 @@ class Code(enum.IntEnum):
     PROXY_TIMEOUT = 50400
     MASTER_PERSISTENCE_TIMEOUT = 50401
     UNSUPPORTED = 50500
+
+
+# A write the broker's disk refused for want of space (its commit log or pop journal): the call did
+# not take effect and may be retried once space is freed.  RocketMQ's broker answers such a put
+# SERVICE_NOT_AVAILABLE ("the broker's disk is full"); its gRPC answer for a busy broker that asks
+# to be retried later is TOO_MANY_REQUESTS, as gRPC's own RESOURCE_EXHAUSTED covers a full disk.
+DISK_FULL = Code.TOO_MANY_REQUESTS
+_NO_SPACE = frozenset((errno.ENOSPC, errno.EDQUOT))
+
+
+def disk_refused(exc: OSError, what: str) -> "BrokerError":
+    """What a client is told when the broker's disk refused the write of `what` (nothing of the
+    call took effect): DISK_FULL for want of space, else INTERNAL_SERVER_ERROR."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in _NO_SPACE:
+        return BrokerError(DISK_FULL, f"the broker's disk is full, {what} not recorded ({reason}); retry once space is freed")
+    return BrokerError(Code.INTERNAL_SERVER_ERROR, f"the broker's disk refused {what} ({reason}); retry later")
 
 
 class BrokerError(Exception):

@@ -22,10 +22,11 @@ from ..store import (
     PutResult,
     StoreClosedError,
     StoreError,
+    StoreIOError,
     record,
 )
 from . import fifo, message_types, priority, timers, validation
-from .codes import BrokerError, Code
+from .codes import BrokerError, Code, disk_refused
 from .config import BrokerConfig
 from .durability import DurableFutures
 from .metadata import TopicConfig
@@ -237,6 +238,8 @@ def _refusal(exc: StoreError) -> BrokerError:
     if isinstance(exc, StoreClosedError):
         return BrokerError(Code.INTERNAL_SERVER_ERROR, "the broker is shutting down")
     log.error("store refused a message: %s", exc)
+    if isinstance(exc, StoreIOError):
+        return disk_refused(exc, "the message")
     return BrokerError(Code.INTERNAL_SERVER_ERROR, f"store error: {exc}")
 
 

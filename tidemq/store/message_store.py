@@ -21,6 +21,7 @@ import fcntl
 import itertools
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from .index.key_index import KeyIndex
 from .light.queues import LIGHT_QUEUE_STORES, LightQueues
 from .log.checkpoint import Checkpoint
 from .log.commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
+from .log.disk_space import DEFAULT_WARNING_LEVEL_RATIO, DiskSpaceGuard
 from .log.flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
 from .log.message_encoder import CommonPutState, MessageEncoder
 from .queues.consume_queue import DEFAULT_UNITS_PER_FILE, Unit
@@ -83,6 +85,9 @@ class StoreConfig:
     light_queue_idle_expiry_ms: int = 24 * 3600 * 1000  # idle, fully consumed light queues go after it; 0: never
     # enabledAppendPropCRC: each record carries RocketMQ's whole-record CRC property (`__CRC32#`)
     append_crc_property: bool = True
+    # diskSpaceWarningLevelRatio: appends are refused while the store's disk is more used (percent)
+    disk_space_warning_level_ratio: int = DEFAULT_WARNING_LEVEL_RATIO
+    disk_usage: Callable = field(default=shutil.disk_usage, repr=False)  # (path) -> (total, used, free)
     clock: Callable[[], int] = field(default=wall_clock_ms, repr=False)
 
     def __post_init__(self) -> None:
@@ -196,6 +201,7 @@ class MessageStore:
         abnormal = self.abort_path.exists()
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
         self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size, background_warm=cfg.flush != FLUSH_SYNC)
+        self.disk_space = DiskSpaceGuard(self.directory / "commitlog", cfg.disk_space_warning_level_ratio, cfg.disk_usage)
         self.consume_queues = ConsumeQueueStore(self.directory / "consumequeue", cfg.consume_queue_units)
         self._append_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
@@ -331,6 +337,8 @@ class MessageStore:
         properties or keys, a record that ends in the warm pages) is encoded and written in one
         compiled call under the lock; any other, or where that is not built, goes through
         `_append`, which validates it and raises as documented."""
+        if self.disk_space.full:
+            raise self.disk_space.refusal()
         state = self._put_state
         if state is not None and _put_common is not None:  # a state only where it is built
             with self._append_lock:
@@ -351,6 +359,8 @@ class MessageStore:
         prepared = self._encoder.prepare_all(messages)  # raises before anything is stored
         if light is not None and multi:
             light.fit(multi, prepared)
+        if self.disk_space.full:
+            raise self.disk_space.refusal()
         results: list[PutResult] = []
         with self._append_lock:
             if self._closed:
@@ -667,6 +677,7 @@ class MessageStore:
         cp.save(self.checkpoint_path)
 
     def run_maintenance(self) -> None:
+        self.disk_space.check()
         self.delete_expired_segments()
         if self.light_queues is not None:
             expired = self.light_queues.expire_due(self.clock())

@@ -1,0 +1,149 @@
+"""A full disk under a real `tidemq serve` and the official Python SDK: on a small file system of
+its own (tmpfs), filled by another process as a shared disk is.  Past RocketMQ's
+diskSpaceWarningLevelRatio (90%) sends are refused with TOO_MANY_REQUESTS while receives go on;
+with no space left at all, a receive whose pop-journal line the disk refuses gets the same precise
+code and changes nothing; once space is freed, sends and receives go on, and every message the
+producer was told is stored is delivered exactly once."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq.v5.exception import TooManyRequestsException
+
+from .server import ServerProcess
+
+FS_SIZE = "48m"
+DISK_FULL = 42900  # apache.rocketmq.v2.Code.TOO_MANY_REQUESTS
+WAIT_S = 10.0  # the store looks at its disk once a second
+
+
+@contextlib.contextmanager
+def server_on_small_disk(tmp_path: Path):
+    """A server whose store is on a tmpfs of FS_SIZE, and the path where this process sees that
+    file system: mounted here by root, else in a user and mount namespace of the server's own."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    store = mount / "store"
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_SIZE}", "tmpfs", str(mount)], check=True)
+        server = ServerProcess(store)
+        view = lambda: mount  # noqa: E731
+    else:  # unprivileged: the server mounts it in namespaces of its own (util-linux's unshare)
+        script = f'mount -t tmpfs -o size={FS_SIZE} tmpfs "$0" && exec "$@"'
+        server = ServerProcess(store, wrapper=("unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(mount)))
+        view = lambda: Path(f"/proc/{server.process.pid}/root") / mount.relative_to("/")  # noqa: E731
+    server.log_path = tmp_path / "server.log"
+    try:
+        server.start()
+        yield server, view()
+    finally:
+        code = server.stop()
+        if os.geteuid() == 0:
+            subprocess.run(["umount", str(mount)], check=True)
+        assert code == 0, server.log_text()
+        assert "Traceback" not in server.log_text()
+
+
+def fill(directory: Path, leave: int) -> Path:
+    """A file that takes the file system's free space but `leave` bytes (0: until ENOSPC)."""
+    filler = directory / f"filler-{uuid.uuid4().hex[:6]}"
+    stats = os.statvfs(directory)
+    size = max(0, stats.f_bavail * stats.f_frsize - leave)
+    try:
+        with open(filler, "wb") as f:
+            for _ in range(size >> 16):
+                f.write(bytes(1 << 16))
+            if not leave:
+                while True:
+                    f.write(bytes(4096))
+                    f.flush()
+    except OSError:  # ENOSPC: full (even before the file could be made)
+        pass
+    return filler
+
+
+def message(topic: str, body: bytes) -> Message:
+    m = Message()
+    m.topic, m.body = topic, body
+    return m
+
+
+def until(attempt, deadline_s: float = WAIT_S):
+    """attempt() until it returns a value other than None (the store's once-a-second look at its
+    disk decides when); the last value."""
+    give_up = time.monotonic() + deadline_s
+    while (result := attempt()) is None and time.monotonic() < give_up:
+        time.sleep(0.1)
+    return result
+
+
+def test_a_full_disk_refuses_sends_precisely_serves_reads_and_recovers(tmp_path):
+    topic = f"full_{uuid.uuid4().hex[:6]}"
+    with server_on_small_disk(tmp_path) as (server, disk):
+        producer = Producer(server.config(), (topic,))
+        producer.startup()
+        consumer = SimpleConsumer(server.config(), "g", {topic: FilterExpression("*")}, await_duration=1)
+        consumer.startup()
+        try:
+            stored = []  # the bodies of every send the producer was told is stored
+
+            def send(body: bytes) -> None:
+                producer.send(message(topic, body))
+                stored.append(body)
+
+            for i in range(60):
+                send(b"before %d" % i)
+
+            # past 90% used: a send is refused with the precise code, nothing stored
+            filler = fill(disk, leave=2 << 20)
+
+            def refused_send():
+                try:
+                    send(b"probe %d" % len(stored))
+                except TooManyRequestsException as exc:
+                    return exc
+                return None
+
+            refusal = until(refused_send)
+            assert refusal is not None and refusal.code == DISK_FULL, refusal
+            # reads go on: the messages stored before are received (the pop journal has room)
+            received = [m for m in consumer.receive(16, 60)]
+            assert received and all(m.body in stored for m in received)
+
+            # no space at all: a receive whose journal line the disk refuses gets the same code
+            more_filler = fill(disk, leave=0)
+            refused_receive = None
+            for _ in range(200):  # the journal's last page may hold a few more lines
+                try:
+                    received += consumer.receive(1, 60)
+                except Exception as exc:  # noqa: BLE001 - its code is asserted
+                    refused_receive = exc
+                    break
+            assert refused_receive is not None and getattr(refused_receive, "code", None) == DISK_FULL, refused_receive
+
+            # space freed: sends are taken again, and every stored message is delivered once
+            filler.unlink()
+            more_filler.unlink(missing_ok=True)
+            assert until(lambda: None if refused_send() else True)
+            for i in range(5):
+                send(b"after %d" % i)
+            for m in received:
+                consumer.ack(m)
+            bodies = [m.body for m in received]
+            while batch := consumer.receive(32, 60):
+                bodies += [m.body for m in batch]
+                for m in batch:
+                    consumer.ack(m)
+            assert sorted(bodies) == sorted(stored)
+            assert server.process.poll() is None
+        finally:
+            consumer.shutdown()
+            producer.shutdown()
