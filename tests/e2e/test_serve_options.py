@@ -35,6 +35,16 @@ def test_every_option_has_a_flag_and_a_config_key(tmp_path):
     assert parse("--config", str(config), "--default-queues", "2").default_queues == 2
 
 
+def test_the_crc_property_and_the_disk_space_level_have_rocketmqs_keys(tmp_path):
+    config = tmp_path / "tidemq.toml"
+    config.write_text("enabledAppendPropCRC = false\ndiskSpaceWarningLevelRatio = 75\n")
+    options = parse("--config", str(config))
+    assert (options.append_crc_property, options.disk_space_warning_level_ratio) == (False, 75)
+    assert (parse().append_crc_property, parse().disk_space_warning_level_ratio) == (True, 90)
+    with pytest.raises(ValueError, match="within 1-100"):
+        parse("--disk-space-warning-level-ratio", "101")
+
+
 def test_bad_options_are_refused_with_a_message(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text("noSuchKey = 1\n")
