@@ -17,6 +17,7 @@ Threads and ownership:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import logging
@@ -604,14 +605,27 @@ class MessageStore:
     DISPATCH_PAUSE_MAX_S = 0.006
 
     def _dispatch_loop(self) -> None:
+        waiting_for_space = False  # a full disk stopped dispatch (said once; it retries)
         while not self._stopping:
             self._dispatch_event.wait(0.01)
             self._dispatch_event.clear()
             self._dispatch_event_set = False
             try:
                 moved = self._dispatch_pending()
+                if waiting_for_space:
+                    log.warning("dispatch goes on at commit-log offset %d: the disk has room again",
+                                self.dispatcher.dispatched_offset)
+                    waiting_for_space = False
                 if moved:
                     time.sleep(min(self.DISPATCH_PAUSE_MAX_S, moved * self.DISPATCH_PAUSE_PER_BYTE_S))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    log.exception("dispatch failed; retrying")
+                elif not waiting_for_space:
+                    log.error("dispatch waits at commit-log offset %d for disk space (%s); the records after it "
+                              "are stored, and readable once it goes on", self.dispatcher.dispatched_offset, exc)
+                    waiting_for_space = True
+                time.sleep(0.1)
             except Exception:
                 log.exception("dispatch failed; retrying")
                 time.sleep(0.1)
@@ -683,7 +697,18 @@ class MessageStore:
             expired = self.light_queues.expire_due(self.clock())
             for listener in self._expiry_listeners if expired else ():
                 listener(expired)
-        self.save_checkpoint()
+        try:
+            self.save_checkpoint()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            if not self.disk_space.checkpoint_refused:  # said once; the next round tries again
+                log.error("checkpoint not saved, the disk is full (%s): a crash now recovers from the last one", exc)
+                self.disk_space.checkpoint_refused = True
+            return
+        if self.disk_space.checkpoint_refused:
+            log.warning("checkpoint saved again")
+            self.disk_space.checkpoint_refused = False
 
     def delete_expired_segments(self) -> int:
         """Delete segments whose newest record is older than the retention time (never the one

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..log.disk_space import back_with_blocks
+
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 8 × 4 + 4 + 4 = 40
 SLOT_SIZE = 4
@@ -162,6 +164,7 @@ class IndexFile:
             hash_slots, max_entries = geometry
         self.hash_slots = hash_slots
         self.max_entries = max_entries
+        self.slots_backed = False  # whether this process had the slot table's blocks allocated
         self.slots = np.frombuffer(self.mm, dtype=">i4", count=hash_slots, offset=HEADER_SIZE)
         self.entries = np.frombuffer(
             self.mm, dtype=ENTRY_DTYPE, count=max_entries, offset=HEADER_SIZE + hash_slots * SLOT_SIZE
@@ -218,6 +221,12 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
             return 0
+        # the slots (random pages: the whole table, once) and these entries have disk blocks, or
+        # this raises having written nothing
+        if not self.slots_backed:
+            back_with_blocks(self.mm, HEADER_SIZE, self.hash_slots * SLOT_SIZE)
+            self.slots_backed = True
+        back_with_blocks(self.mm, HEADER_SIZE + self.hash_slots * SLOT_SIZE + count * ENTRY_SIZE, n * ENTRY_SIZE)
         if count == 1:  # the file's first entry names its beginning
             begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
         if COMPILED and _index_append is not None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import open_files
+from ..log.disk_space import back_with_blocks
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +441,9 @@ class ConsumeQueue:
         qf = self._file_for(queue_offset, create=True)
         if qf is None:
             raise ValueError(f"queue offset {queue_offset} of {self.topic}/{self.queue_id} is below its first file")
-        UNIT.pack_into(qf.mm, (queue_offset - qf.start) * UNIT_SIZE, commit_log_offset, size, tags_code)
+        at = (queue_offset - qf.start) * UNIT_SIZE
+        back_with_blocks(qf.mm, at, UNIT_SIZE)  # raises on a full disk, having written nothing
+        UNIT.pack_into(qf.mm, at, commit_log_offset, size, tags_code)
         end = commit_log_offset + size
         if end > self.max_physical_offset:
             self.max_physical_offset = end
