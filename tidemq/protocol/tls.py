@@ -14,7 +14,10 @@ Bounds a peer cannot lift, the HTTP/2 server's own (`--preface-timeout-ms`, `--m
 a connection must send its first byte and finish its TLS handshake within `preface_timeout` of
 being accepted, or it is closed; connections waiting for their first byte or in their handshake
 count toward `max_connections` with those served (`served()`), and one accepted beyond it is
-closed at once.  A failed handshake closes that connection only.
+closed at once.  A protocol with an `opened_at` attribute (loop time: the HTTP/2 connection's, from
+which its own preface timeout counts) has it set to the accept, so that the preface timeout bounds
+the whole time from the accept to the HTTP/2 preface.  A failed handshake closes that connection
+only.
 """
 
 from __future__ import annotations
@@ -179,19 +182,28 @@ class SniffingListener:
             log.info("refusing a plaintext connection from %s: TLS is required", _peer(connection))
             connection.close()
             return
-        # the handshake gets what is left of the preface timeout
-        task = self.loop.create_task(self._hand_over(connection, tls, accepted_at + self.preface_timeout - self.loop.time()))
+        task = self.loop.create_task(self._hand_over(connection, tls, accepted_at))
         self._handovers.add(task)
         task.add_done_callback(self._handovers.discard)
 
-    async def _hand_over(self, connection: socket.socket, tls: bool, handshake_timeout: float) -> None:
+    async def _hand_over(self, connection: socket.socket, tls: bool, accepted_at: float) -> None:
         peer = _peer(connection)
+        factory = self._protocol_factory
+        assert factory is not None  # set when listening began
+
+        def protocol() -> asyncio.Protocol:
+            made = factory()
+            if hasattr(made, "opened_at"):
+                setattr(made, "opened_at", accepted_at)
+            return made
+
         try:
             if tls:
-                await self.loop.connect_accepted_socket(self._protocol_factory, connection, ssl=self.context,
-                                                        ssl_handshake_timeout=max(handshake_timeout, MIN_HANDSHAKE_S))
+                left = accepted_at + self.preface_timeout - self.loop.time()  # the handshake gets what is left
+                await self.loop.connect_accepted_socket(protocol, connection, ssl=self.context,
+                                                        ssl_handshake_timeout=max(left, MIN_HANDSHAKE_S))
             else:
-                await self.loop.connect_accepted_socket(self._protocol_factory, connection)
+                await self.loop.connect_accepted_socket(protocol, connection)
         except (TimeoutError, OSError, ConnectionError) as exc:  # ssl.SSLError is an OSError
             log.info("closing a %s connection from %s: %s", "TLS" if tls else "plaintext", peer,
                      exc or type(exc).__name__)
