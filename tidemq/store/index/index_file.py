@@ -52,6 +52,8 @@ ENTRY_SIZE = ENTRY.size  # 4 + 8 + 4 + 4 = 20
 ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 assert ENTRY_DTYPE.itemsize == ENTRY_SIZE and HEADER_SIZE == 40
 
+PAGE_SIZE = mmap.PAGESIZE
+MAX_SLOT_PAGES_BACKED_ONE_BY_ONE = 256  # more slot pages in one append: the whole table is backed
 DEFAULT_HASH_SLOTS = 5_000_000
 DEFAULT_MAX_ENTRIES = 20_000_000
 INT_MAX = 0x7FFFFFFF
@@ -164,7 +166,7 @@ class IndexFile:
             hash_slots, max_entries = geometry
         self.hash_slots = hash_slots
         self.max_entries = max_entries
-        self.slots_backed = False  # whether this process had the slot table's blocks allocated
+        self.slots_backed = False  # whether this process had the whole slot table's blocks allocated
         self.slots = np.frombuffer(self.mm, dtype=">i4", count=hash_slots, offset=HEADER_SIZE)
         self.entries = np.frombuffer(
             self.mm, dtype=ENTRY_DTYPE, count=max_entries, offset=HEADER_SIZE + hash_slots * SLOT_SIZE
@@ -221,11 +223,8 @@ class IndexFile:
         n = min(len(hashes), self.max_entries - count)
         if n <= 0:
             return 0
-        # the slots (random pages: the whole table, once) and these entries have disk blocks, or
-        # this raises having written nothing
-        if not self.slots_backed:
-            back_with_blocks(self.mm, HEADER_SIZE, self.hash_slots * SLOT_SIZE)
-            self.slots_backed = True
+        # the pages of the slots and entries written have disk blocks, or this raises having written nothing
+        self._back_slots(hashes, n)
         back_with_blocks(self.mm, HEADER_SIZE + self.hash_slots * SLOT_SIZE + count * ENTRY_SIZE, n * ENTRY_SIZE)
         if count == 1:  # the file's first entry names its beginning
             begin_ts, begin_phy = int(timestamps[0]), int(phys[0])
@@ -244,6 +243,23 @@ class IndexFile:
         slots_count += int(np.count_nonzero(self.entries["prev"][count : count + n] == 0))
         HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n)
         return n
+
+    def _back_slots(self, hashes, n: int) -> None:
+        """Have disk blocks behind the slots of `hashes[:n]` (`back_with_blocks`): page by page for
+        a few pages, else the whole table, once per file (a busy log soon writes every page)."""
+        if self.slots_backed:
+            return
+        if type(hashes) is list:
+            pages = {(HEADER_SIZE + (h % self.hash_slots) * SLOT_SIZE) // PAGE_SIZE for h in hashes[:n]}
+        else:
+            at = HEADER_SIZE + (np.asarray(hashes[:n], dtype=np.int64) % self.hash_slots) * SLOT_SIZE
+            pages = set(np.unique(at // PAGE_SIZE).tolist())
+        if len(pages) > MAX_SLOT_PAGES_BACKED_ONE_BY_ONE:
+            back_with_blocks(self.mm, HEADER_SIZE, self.hash_slots * SLOT_SIZE)
+            self.slots_backed = True
+            return
+        for page in pages:
+            back_with_blocks(self.mm, page * PAGE_SIZE, SLOT_SIZE)
 
     def _write_numpy(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, count: int, begin_ts: int) -> None:
         """The entries from index `count` on and their slots, with NumPy: a batch's chains are
