@@ -426,7 +426,7 @@ def test_a_batch_the_disk_refuses_part_way_keeps_what_was_stored(harness):
         del harness.store.commit_log.warm_region
     assert [o.message_id for o in outcomes[:2]] == ["ID0", "ID1"]
     for refused in outcomes[2:]:
-        assert isinstance(refused, BrokerError) and refused.code == Code.INTERNAL_SERVER_ERROR
+        assert isinstance(refused, BrokerError) and refused.code == Code.TOO_MANY_REQUESTS  # the disk is full
         assert "No space left on device" in refused.message
     harness.store.wait_dispatched()
     assert bodies(harness.receive("G", "T")) == [b"m0", b"m1"]
