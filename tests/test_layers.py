@@ -104,7 +104,7 @@ STORE_FOLDERS = {
     "recovery": ("format", "log", "queues", "dispatch.requests"),
     "light": ("format", "log", "queues", "dispatch.requests"),
 }
-STORE_SHARED = ("errors", "_dispatch")
+STORE_SHARED = ("errors", "blocks", "_dispatch")
 
 
 def runtime_imports(path: Path) -> set[str]:

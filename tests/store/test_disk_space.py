@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tidemq.store import Message, MessageStore, StoreConfig, StoreIOError
-from tidemq.store.disk_space import Usage
+from tidemq.store.log.disk_space import Usage
 
 
 class Disk:

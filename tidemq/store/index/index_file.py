@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..log.disk_space import back_with_blocks
+from ..blocks import back_with_blocks
 
 HEADER = struct.Struct(">qqqqii")
 HEADER_SIZE = HEADER.size  # 8 × 4 + 4 + 4 = 40

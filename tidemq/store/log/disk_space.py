@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import shutil
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 from ..errors import StoreIOError
-from .page_warmer import MADV_POPULATE_WRITE
 
 log = logging.getLogger(__name__)
 
@@ -69,26 +67,3 @@ class DiskSpaceGuard:
         return StoreIOError(errno.ENOSPC, f"append refused, nothing stored: the store's disk is {self.used_percent:.1f}% "
                                           f"used, over diskSpaceWarningLevelRatio ({self.warning_level_ratio}%)")
 
-
-_PAGE = mmap.PAGESIZE
-_populate = hasattr(mmap.mmap, "madvise")
-
-
-def back_with_blocks(mm, start: int, length: int) -> None:
-    """Have the disk blocks behind the pages of the shared file mapping `mm[start:start+length]`
-    allocated before they are written, or raise StoreIOError (ENOSPC) having written nothing: a
-    page of a sparse file written on a full disk would otherwise end the process with SIGBUS.
-    (MADV_POPULATE_WRITE, Linux 5.14: where the kernel or the mapping lacks it, nothing is done.)"""
-    global _populate
-    if not _populate or length <= 0 or not isinstance(mm, mmap.mmap):
-        return
-    first = start - start % _PAGE
-    try:
-        mm.madvise(MADV_POPULATE_WRITE, first, min(len(mm), start + length) - first)
-    except OSError as exc:
-        if exc.errno == errno.EFAULT:  # the fault that would have been a SIGBUS
-            raise StoreIOError(errno.ENOSPC, "no disk block for a mapped index page: the store's disk is full") from None
-        if exc.errno == errno.EINVAL:  # an older kernel
-            _populate = False
-            return
-        raise

@@ -27,9 +27,10 @@ import logging
 import mmap
 import threading
 
+from ..blocks import MADV_POPULATE_WRITE
+
 log = logging.getLogger(__name__)
 
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 CHUNK = 512 << 10  # one madvise call at a time, so `forget` never waits long
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import open_files
-from ..log.disk_space import back_with_blocks
+from ..blocks import back_with_blocks
 
 log = logging.getLogger(__name__)
 
