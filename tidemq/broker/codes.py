@@ -57,8 +57,10 @@ class Code(enum.IntEnum):
 
 # A write the broker's disk refused for want of space (its commit log or pop journal): the call did
 # not take effect and may be retried once space is freed.  RocketMQ's broker answers such a put
-# SERVICE_NOT_AVAILABLE ("the broker's disk is full"); its gRPC answer for a busy broker that asks
-# to be retried later is TOO_MANY_REQUESTS, as gRPC's own RESOURCE_EXHAUSTED covers a full disk.
+# SERVICE_NOT_AVAILABLE ("the broker's disk is full"), which its proxy's table does not map (it
+# becomes INTERNAL_SERVER_ERROR); the apache.rocketmq.v2 code for "busy, retry later" is
+# TOO_MANY_REQUESTS (the proxy's for SYSTEM_BUSY), gRPC's RESOURCE_EXHAUSTED, whose meaning
+# includes a full file system.
 DISK_FULL = Code.TOO_MANY_REQUESTS
 _NO_SPACE = frozenset((errno.ENOSPC, errno.EDQUOT))
 
