@@ -65,7 +65,7 @@ DISK_FULL = Code.TOO_MANY_REQUESTS
 _NO_SPACE = frozenset((errno.ENOSPC, errno.EDQUOT))
 
 
-def disk_refused(exc: OSError, what: str) -> "BrokerError":
+def disk_refused(exc: OSError, what: str) -> BrokerError:
     """What a client is told when the broker's disk refused the write of `what` (nothing of the
     call took effect): DISK_FULL for want of space, else INTERNAL_SERVER_ERROR."""
     reason = exc.strerror or str(exc)

@@ -194,7 +194,7 @@ class SniffingListener:
         def protocol() -> asyncio.Protocol:
             made = factory()
             if hasattr(made, "opened_at"):
-                setattr(made, "opened_at", accepted_at)
+                made.opened_at = accepted_at
             return made
 
         try:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import errno
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from ..errors import StoreIOError
 
@@ -34,7 +35,7 @@ class Usage(NamedTuple):
 
 class DiskSpaceGuard:
     def __init__(self, path: Path, warning_level_ratio: int = DEFAULT_WARNING_LEVEL_RATIO,
-                 usage: Callable[[Path], Usage] = shutil.disk_usage) -> None:
+                 usage: Callable[[Path], tuple[int, int, int]] = shutil.disk_usage) -> None:
         if not 1 <= warning_level_ratio <= 100:
             raise ValueError(f"disk space warning level ratio must be within 1-100 (percent), not {warning_level_ratio}")
         self.path = path

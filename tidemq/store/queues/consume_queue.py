@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import open_files
 from ..blocks import back_with_blocks
+from . import open_files
 
 log = logging.getLogger(__name__)
 
