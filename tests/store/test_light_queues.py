@@ -209,3 +209,20 @@ def test_a_batch_cut_short_by_the_disk_gives_back_its_light_queue_offsets(tmp_pa
     assert 1 < stored < 301, child.stderr
     # every offset handed out belongs to a stored message: no gap for the next one to leave
     assert lines["offsets"].split() == [str(stored)] * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_offsets_go_before_the_whole_record_crc_which_stays_valid(tmp_path, backend):
+    from tidemq.store import record
+    from tidemq.store.recovery.check import check
+
+    with MessageStore(tmp_path, config(backend)) as store:
+        message = light(["%LMQ%a", "%LMQ%b"], body=b"fan-out")
+        message.properties[OFFSETS] = "41"  # the producer's own: replaced
+        put = store.put(message)
+        store.wait_dispatched()
+        raw = bytes(store.commit_log.view(put.commit_log_offset, put.size))
+        assert raw.endswith(b"\x02__CRC32#\x01" + raw[-11:-1] + b"\x02") and raw.count(b"__CRC32#") == 1
+        assert type(record.decode(raw, 0, base_offset=put.commit_log_offset)) is record.Record  # its CRC holds
+        assert store.get("%LMQ%b", 0, 0).messages[0].properties[OFFSETS] == "0,0"
+    assert check(tmp_path).sound

@@ -332,6 +332,14 @@ CRC32_PROPERTY_MARK = CRC32_PROPERTY.encode() + b"\x01"
 CRC32_PROPERTY_RESERVED = CRC32_PROPERTY_MARK + b"0" * 10 + b"\x02"
 
 
+def add_before_crc_property(properties_bytes: bytes, added: bytes) -> bytes:
+    """Encoded properties with `added` (whole encoded properties) appended, before the reserved
+    whole-record CRC property when they end with it: the CRC property stays the last one."""
+    if properties_bytes.endswith(CRC32_PROPERTY_RESERVED):
+        return b"".join((properties_bytes[: -CRC32_PROPERTY_SIZE], added, CRC32_PROPERTY_RESERVED))
+    return properties_bytes + added
+
+
 def crc_property_digits(crc: int) -> bytes:
     """The ten digits RocketMQ writes for `crc` (31 bits): least significant first, zero-padded."""
     return str(crc).zfill(10)[::-1].encode("ascii")

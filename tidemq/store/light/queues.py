@@ -185,7 +185,8 @@ class LightQueues:
             if _OFFSETS_PROPERTY in properties_bytes:
                 items = record.decode_properties(properties_bytes)
                 items.pop(MULTI_QUEUE_OFFSET, None)
-                properties_bytes = record.encode_properties(items)
+                crc = items.pop(record.CRC32_PROPERTY, None) is not None  # reserved: it stays the last one
+                properties_bytes = record.encode_properties(items) + (record.CRC32_PROPERTY_RESERVED if crc else b"")
                 prepared[index] = (template, body, body_crc, properties_bytes, unique_key)
             extra = _OFFSETS_EXTRA + _OFFSET_WIDTH * len(names)
             if len(properties_bytes) + extra > record.MAX_PROPERTIES_BYTES:
@@ -223,7 +224,8 @@ class LightQueues:
             else:
                 text = MULTI_DISPATCH_SEPARATOR.join([str(offsets[name]) if name in offsets else "" for name in names])
             template, body, body_crc, properties_bytes, unique_key = prepared[index]
-            prepared[index] = (template, body, body_crc, b"".join((properties_bytes, _OFFSETS_PREFIX, text.encode("ascii"), b"\x02")), unique_key)
+            offsets_property = b"".join((_OFFSETS_PREFIX, text.encode("ascii"), b"\x02"))
+            prepared[index] = (template, body, body_crc, record.add_before_crc_property(properties_bytes, offsets_property), unique_key)
             taken.append((index, list(offsets)))
         return taken
 
