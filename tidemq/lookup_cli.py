@@ -48,7 +48,7 @@ def _time(ms: int) -> str:
 
 
 def _describe(m: dict) -> list[str]:
-    body = f"{m['body_size']} bytes" + (", gzip" if m["compressed"] else "")
+    body = f"{m['body_size']} bytes" + (", compressed" if m["compressed"] else "")
     lines = [
         f"message {m['message_id'] or '-'}  offset id {m['offset_msg_id']}",
         (f"  topic {m['topic']}  queue {m['queue_id']}  queue offset {m['queue_offset']}"

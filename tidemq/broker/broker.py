@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 from ..store import Message, MessageStore, record
-from . import clock, fifo, lite, timers, validation
+from . import bodies, clock, fifo, lite, timers, validation
 from .codes import BrokerError, Code, disk_refused
 from .config import BrokerConfig
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
@@ -684,7 +684,7 @@ class Broker:
                 try:
                     await self.publisher.put([Message(
                         topic=dlq.name, body=rec.body_bytes, queue_id=0, properties=properties,
-                        flag=rec.flag, sysflag=rec.sysflag & record.FLAG_COMPRESSED,
+                        flag=rec.flag, sysflag=rec.sysflag & bodies.BODY_FLAGS,
                         born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=d.attempt,
                     )])
                 except BrokerError as exc:

@@ -18,10 +18,10 @@ also after a restart (recovery re-dispatches the index)."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import weakref
 
 from ..store import Message, record
+from . import bodies
 from .broker import PROPERTY_MAX_RECONSUME_TIMES, PROPERTY_RETRY_TOPIC, Broker
 from .codes import BrokerError, Code
 from .metadata import dead_letter_topic
@@ -43,9 +43,9 @@ def describe(rec: record.Record) -> dict:
     compressed = bool(rec.sysflag & record.FLAG_COMPRESSED)
     text = None
     try:
-        plain = gzip.decompress(body) if compressed else body
-        decoded = plain.decode("utf-8")
-        if all(c.isprintable() or c in "\n\r\t" for c in decoded):
+        plain = bodies.plain_body(body, rec.sysflag)
+        decoded = plain.decode("utf-8") if plain is not None else None
+        if decoded is not None and all(c.isprintable() or c in "\n\r\t" for c in decoded):
             text = decoded
     except (OSError, EOFError, UnicodeDecodeError):
         pass
@@ -224,7 +224,7 @@ async def _resend(broker: Broker, dead: record.Record) -> tuple[str, int, str]:
     queue_id = dead.commit_log_offset % topic.queue_nums
     (result,) = await broker.publisher.put([Message(
         topic=topic.name, body=dead.body_bytes, queue_id=queue_id,
-        properties=properties, flag=dead.flag, sysflag=dead.sysflag & record.FLAG_COMPRESSED,
+        properties=properties, flag=dead.flag, sysflag=dead.sysflag & bodies.BODY_FLAGS,
         born_timestamp=dead.born_timestamp, born_host=dead.born_host,
     )])
     return topic.name, queue_id, result.msg_id

@@ -7,6 +7,7 @@ from hashlib import md5
 
 from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
 from ...broker import priority as priorities
+from ...broker import bodies
 from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker.lite import (
     COMPLETE_ADD,
@@ -164,6 +165,9 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     message field of the stream response, so nothing is copied).  `topic_name`: the topic it is
     delivered from when that is not the record's own (a light queue)."""
     body = rec.body_bytes
+    gzipped = False
+    if rec.sysflag & record.FLAG_COMPRESSED:
+        body, gzipped = bodies.delivered_body(body, rec.sysflag)
     properties = rec.properties
     m.body = body
     topic = m.topic
@@ -187,7 +191,7 @@ def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, ha
     digest = sp.body_digest
     digest.type = pb.MD5
     digest.checksum = md5(body).hexdigest().upper()
-    sp.body_encoding = pb.GZIP if rec.sysflag & record.FLAG_COMPRESSED else pb.IDENTITY
+    sp.body_encoding = pb.GZIP if gzipped else pb.IDENTITY
     message_group = properties.get(PROPERTY_SHARDING_KEY)
     if message_group:
         sp.message_group = message_group
