@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tidemq.store import Message, MessageStore, StoreConfig, record
+from tidemq.store.special_queues import SCHEDULE_TOPIC
 
 SEGMENT_SIZE = 64 * 1024
 UNITS_PER_FILE = 100
@@ -16,7 +17,8 @@ def store_config() -> StoreConfig:
 
 
 def sample_messages(count: int, seed: int = 0) -> list[Message]:
-    """Many topics and queues, v1 and v2 records, transactions, IPv6 hosts, no-tag messages."""
+    """Many topics and queues, v1 and v2 records, transactions, delay levels, IPv6 hosts, no-tag
+    messages."""
     topics = ["orders", "payments", "audit", "ünïcode-topic", LONG_TOPIC, "%RETRY%group-a"]
     out = []
     for i in range(count):
@@ -29,14 +31,19 @@ def sample_messages(count: int, seed: int = 0) -> list[Message]:
             sysflag = record.TRANSACTION_ROLLBACK
         elif n % 23 == 0:
             sysflag = record.TRANSACTION_COMMIT
+        queue_id = (n // len(topics)) % (3 if topic != "audit" else 1)
+        properties = {"trace": f"t{n}"} if n % 4 == 0 else {}
+        if n % 29 == 0 and not sysflag:  # a 4.x delay level: its unit's tags code is its due time
+            topic, queue_id = SCHEDULE_TOPIC, n % 18
+            properties.update(DELAY=str(queue_id + 1), REAL_TOPIC="orders", REAL_QID="0")
         out.append(
             Message(
                 topic=topic,
                 body=bytes((n * 7 + j) % 256 for j in range(n % 300)),
-                queue_id=(n // len(topics)) % (3 if topic != "audit" else 1),
+                queue_id=queue_id,
                 tags=None if n % 5 == 0 else f"tag-{n % 7}",
                 keys=[f"key-{n}", f"order-{n % 11}"] if n % 3 else None,
-                properties={"trace": f"t{n}"} if n % 4 == 0 else {},
+                properties=properties,
                 sysflag=sysflag,
                 born_host=("::1", 4000 + n % 10) if n % 13 == 0 else ("10.0.0.7", 5000),
                 reconsume_times=n % 3,

@@ -15,6 +15,7 @@ from tidemq.pipeline.errors import job_errors
 from tidemq.pipeline.rebuild import rebuild
 from tidemq.pipeline.source import ReadSettings, read_range
 from tidemq.store import record
+from tidemq.store.special_queues import DELAY_LEVELS_MS, SCHEDULE_TOPIC
 
 SMALL = str(24 * 1024)
 
@@ -32,11 +33,15 @@ def test_every_column_of_every_record(spark, written_store):
     rows = sorted(df.collect(), key=lambda r: r.commit_log_offset)
     assert len(rows) == len(messages)
     assert any(r.topic == LONG_TOPIC for r in rows)
+    assert any(r.topic == SCHEDULE_TOPIC for r in rows)
     for row, message, result in zip(rows, messages, results):
         assert row.broker == store.name
         assert (row.commit_log_offset, row.size, row.queue_offset) == (result.commit_log_offset, result.size, result.queue_offset)
         assert (row.topic, row.queue_id, row.tags) == (message.topic, message.queue_id, message.tags)
-        assert row.tags_code == record.tags_code(message.tags)
+        if message.topic == SCHEDULE_TOPIC:  # as its ConsumeQueue unit: when it is due
+            assert row.tags_code == result.store_timestamp + DELAY_LEVELS_MS[int(message.properties["DELAY"]) - 1]
+        else:
+            assert row.tags_code == record.tags_code(message.tags)
         assert row.keys == (message.keys or [])
         assert row.unique_key == result.unique_key
         assert row.properties.get("trace") == message.properties.get("trace")

@@ -27,6 +27,7 @@ from pyspark.sql.types import (
 )
 
 from ..store import record
+from ..store import special_queues
 
 FIELDS = [
     StructField("broker", StringType(), False),
@@ -95,6 +96,14 @@ def _bodies(records: list[record.Record], arrow_type: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(arrow_type, len(views), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def queue_tags_code(r: record.Record) -> int:
+    """The tags code of the record's own ConsumeQueue unit: its tag's hash, or for a delay-level
+    record of SCHEDULE_TOPIC_XXXX the time it is due (`special_queues`)."""
+    properties = r.properties
+    code = record.tags_code(properties.get(record.PROPERTY_TAGS))
+    return special_queues.queue_tags_code(r.topic, properties.get(special_queues.PROPERTY_DELAY), r.store_timestamp, code)
+
+
 Extractor = Callable[[list[record.Record], str, pa.DataType], pa.Array]
 
 EXTRACTORS: dict[str, Extractor] = {
@@ -105,7 +114,7 @@ EXTRACTORS: dict[str, Extractor] = {
     "queue_id": lambda rs, b, t: pa.array([r.queue_id for r in rs], type=t),
     "queue_offset": lambda rs, b, t: pa.array([r.queue_offset for r in rs], type=t),
     "tags": lambda rs, b, t: pa.array([r.properties.get(record.PROPERTY_TAGS) for r in rs], type=t),
-    "tags_code": lambda rs, b, t: pa.array([record.tags_code(r.properties.get(record.PROPERTY_TAGS)) for r in rs], type=t),
+    "tags_code": lambda rs, b, t: pa.array([queue_tags_code(r) for r in rs], type=t),
     "keys": lambda rs, b, t: pa.array([r.keys for r in rs], type=t),
     "unique_key": lambda rs, b, t: pa.array([r.properties.get(record.PROPERTY_UNIQ_KEY) for r in rs], type=t),
     "properties": lambda rs, b, t: pa.array([list(r.properties.items()) for r in rs], type=t),
@@ -145,7 +154,7 @@ def to_rows(records: list[record.Record], broker: str, schema: StructType) -> li
         "queue_id": lambda r: r.queue_id,
         "queue_offset": lambda r: r.queue_offset,
         "tags": lambda r: r.tags,
-        "tags_code": lambda r: record.tags_code(r.tags),
+        "tags_code": queue_tags_code,
         "keys": lambda r: r.keys,
         "unique_key": lambda r: r.unique_key,
         "properties": lambda r: dict(r.properties),
