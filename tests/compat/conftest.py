@@ -1,4 +1,4 @@
-"""One RocketMQ 5.5.0 name server per module; brokers come and go on the modules' store
+"""One RocketMQ 5.5.0 name server for the session; brokers come and go on the modules' store
 directories."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rocketmq_cluster import RocketMQ  # noqa: E402
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rocketmq(tmp_path_factory):
     cluster = RocketMQ(tmp_path_factory.mktemp("rocketmq"))
     yield cluster

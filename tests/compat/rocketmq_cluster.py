@@ -148,7 +148,8 @@ class RocketMQ:
         self.broker_addr = ""
         self.brokers_started = 0
 
-    def start_broker(self, store: Path) -> None:
+    def start_broker(self, store: Path, *settings: str) -> None:
+        """A broker on `store`; `settings` are more `key=value` lines of its configuration."""
         assert self.broker is None
         port = free_port((-2, 1))  # listen, fast (listen - 2) and HA (listen + 1) ports
         self.brokers_started += 1
@@ -159,7 +160,7 @@ class RocketMQ:
             "bindAddress=127.0.0.1", f"listenPort={port}", f"haListenPort={port + 1}", f"storePathRootDir={store}",
             f"storePathCommitLog={store / 'commitlog'}", "autoCreateTopicEnable=true",
             "autoCreateSubscriptionGroup=true", "enableLmq=true", "enableMultiDispatch=true",
-            "fileReservedTime=87600", "",
+            "fileReservedTime=87600", *settings, "",
         ]))
         self.broker = JavaProcess(f"broker{self.brokers_started}", BROKER_MAIN, ["-c", str(conf)], self.classpath,
                                   self.workdir, "1g")

@@ -9,13 +9,24 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import org.apache.rocketmq.client.QueryResult;
+import com.google.common.hash.Hashing;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
+import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
+import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.client.consumer.PullStatus;
+import org.apache.rocketmq.client.impl.factory.MQClientInstance;
+import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.LocalTransactionState;
 import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.client.producer.TransactionListener;
+import org.apache.rocketmq.client.producer.TransactionMQProducer;
+import org.apache.rocketmq.client.producer.TransactionSendResult;
 import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.consumer.ConsumeFromWhere;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageAccessor;
+import org.apache.rocketmq.common.message.MessageClientIDSetter;
 import org.apache.rocketmq.common.message.MessageConst;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
@@ -28,7 +39,11 @@ import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
  *
  * <pre>
  *   produce NAMESRV BROKER_ADDR          create the test topics and group, send the scenario
+ *   append NAMESRV TOPIC COUNT           send COUNT more messages to an existing topic
  *   consume NAMESRV GROUP TOPIC COUNT    pull up to COUNT messages from the group's offsets, commit
+ *   txconsume NAMESRV PGROUP GROUP TOPIC COUNT
+ *                                        consume as above while a transaction producer of PGROUP
+ *                                        answers every check-back COMMIT
  *   admin NAMESRV BROKER_ADDR [query...] topics, groups, runtime stats, then each query:
  *                                        uniq:TOPIC:ID  or  key:TOPIC:KEY  or  topic:TOPIC
  * </pre>
@@ -38,6 +53,12 @@ public final class CompatTool {
     static final String WIDE_TOPIC = "CompatWide";
     static final String FIFO_TOPIC = "CompatFifo";
     static final String LMQ_PARENT = "CompatParent";
+    static final String TIMER_TOPIC = "CompatTimer";
+    static final String TX_TOPIC = "CompatTx";
+    static final String TX_PRODUCER = "compat_tx_producer";
+    static final long HOUR_MS = 3600_000L;
+    // a group whose retry topic is longer than 127 characters: RocketMQ writes its records as v2
+    static final String LONG_GROUP = "compat_" + "g".repeat(193);
     static final String GROUP = "compat_group";
     static final String[] TAGS = {"TagA", "TagB", "\u6807\u7b7e", "tag\uD834\uDD1E"};
 
@@ -57,8 +78,14 @@ public final class CompatTool {
             case "produce":
                 produce(args[1], args[2]);
                 break;
+            case "append":
+                append(args[1], args[2], Integer.parseInt(args[3]));
+                break;
             case "consume":
                 consume(args[1], args[2], args[3], Integer.parseInt(args[4]));
+                break;
+            case "txconsume":
+                txconsume(args[1], args[2], args[3], args[4], Integer.parseInt(args[5]));
                 break;
             case "admin":
                 admin(args[1], args[2], java.util.Arrays.copyOfRange(args, 3, args.length));
@@ -68,7 +95,7 @@ public final class CompatTool {
         }
     }
 
-    static void emit(JSONObject line) {
+    static synchronized void emit(JSONObject line) {
         System.out.println(line.toJSONString());
     }
 
@@ -94,6 +121,8 @@ public final class CompatTool {
         admin.createAndUpdateTopicConfig(brokerAddr, topic(WIDE_TOPIC, 256, "NORMAL"));
         admin.createAndUpdateTopicConfig(brokerAddr, topic(FIFO_TOPIC, 2, "FIFO"));
         admin.createAndUpdateTopicConfig(brokerAddr, topic(LMQ_PARENT, 1, "NORMAL"));
+        admin.createAndUpdateTopicConfig(brokerAddr, topic(TIMER_TOPIC, 2, "DELAY"));
+        admin.createAndUpdateTopicConfig(brokerAddr, topic(TX_TOPIC, 2, "TRANSACTION"));
         SubscriptionGroupConfig group = new SubscriptionGroupConfig();
         group.setGroupName(GROUP);
         group.setRetryMaxTimes(5);
@@ -109,6 +138,7 @@ public final class CompatTool {
         waitForRoute(producer, WIDE_TOPIC);
         waitForRoute(producer, FIFO_TOPIC);
         waitForRoute(producer, LMQ_PARENT);
+        waitForRoute(producer, TIMER_TOPIC);
         // normal messages: tags (one non-BMP), several keys, user properties, bodies over the
         // 4 KiB compression threshold
         for (int i = 0; i < 40; i++) {
@@ -154,7 +184,163 @@ public final class CompatTool {
             Message msg = new Message(WIDE_TOPIC, "w", ("wide " + i).getBytes(StandardCharsets.UTF_8));
             report("wide", msg, producer.send(msg, new MessageQueue(WIDE_TOPIC, brokerName(producer, WIDE_TOPIC), i % 256)));
         }
+        // timer messages, due in an hour or more: they stay in the timer wheel
+        long base = System.currentTimeMillis() + HOUR_MS;
+        for (int i = 0; i < 4; i++) {
+            Message msg = new Message(TIMER_TOPIC, "timer", ("timer " + i).getBytes(StandardCharsets.UTF_8));
+            msg.setKeys("t" + i);
+            msg.setDeliverTimeMs(base + i * 1500L);
+            JSONObject line = describe("timer", msg);
+            SendResult result = producer.send(msg);
+            line.put("msgId", result.getMsgId());
+            line.put("deliverMs", base + i * 1500L);
+            emit(line);
+        }
+        // FIFO: each message group on the queue RocketMQ's proxy picks for it (Guava's
+        // consistent hash of the group's String.hashCode over the write queues)
+        String[] messageGroups = {"order-a", "order-b", "order-c"};
+        for (int i = 0; i < 12; i++) {
+            String messageGroup = messageGroups[i % messageGroups.length];
+            Message msg = new Message(FIFO_TOPIC, "fifo", (messageGroup + " " + i).getBytes(StandardCharsets.UTF_8));
+            MessageAccessor.putProperty(msg, MessageConst.PROPERTY_SHARDING_KEY, messageGroup);
+            int queueId = Hashing.consistentHash(messageGroup.hashCode(), 2);
+            JSONObject line = describe("fifo", msg);
+            SendResult result = producer.send(msg, new MessageQueue(FIFO_TOPIC, brokerName(producer, FIFO_TOPIC), queueId));
+            line.put("msgId", result.getMsgId());
+            line.put("messageGroup", messageGroup);
+            line.put("queueId", result.getMessageQueue().getQueueId());
+            line.put("queueOffset", result.getQueueOffset());
+            emit(line);
+        }
         producer.shutdown();
+        transactions(namesrv);
+        retryOfLongGroup(namesrv);
+    }
+
+    /** A message sent back for a retry (delay level 1) by a group with a long name: a second
+     * later RocketMQ stores it in the group's retry topic, as a v2 record. */
+    static void retryOfLongGroup(String namesrv) throws Exception {
+        DefaultMQPullConsumer consumer = new DefaultMQPullConsumer(LONG_GROUP);
+        consumer.setNamesrvAddr(namesrv);
+        consumer.setInstanceName("compat-retry-" + System.nanoTime());
+        consumer.start();
+        MessageQueue queue = null;
+        for (MessageQueue candidate : consumer.fetchSubscribeMessageQueues(TOPIC)) {
+            if (candidate.getQueueId() == 0) {
+                queue = candidate;
+            }
+        }
+        MessageExt msg = consumer.pull(queue, "*", 0, 1).getMsgFoundList().get(0);
+        consumer.sendMessageBack(msg, 1, queue.getBrokerName());
+        String retryTopic = MixAll.getRetryTopic(LONG_GROUP);
+        MessageQueue retryQueue = new MessageQueue(retryTopic, queue.getBrokerName(), 0);
+        long deadline = System.currentTimeMillis() + 120000;
+        while (true) {
+            PullResult result = consumer.pull(retryQueue, "*", 0, 1);
+            if (result.getPullStatus() == PullStatus.FOUND) {
+                MessageExt retried = result.getMsgFoundList().get(0);
+                JSONObject line = new JSONObject();
+                line.put("kind", "retry");
+                line.put("topic", retried.getTopic());
+                line.put("msgId", retried.getMsgId());
+                line.put("body", new String(retried.getBody(), StandardCharsets.UTF_8));
+                emit(line);
+                break;
+            }
+            if (System.currentTimeMillis() > deadline) {
+                throw new IllegalStateException("the retry of " + msg.getMsgId() + " did not arrive in " + retryTopic);
+            }
+            Thread.sleep(200);
+        }
+        consumer.shutdown();
+    }
+
+    /** Committed, rolled-back and open (UNKNOW, and UNKNOW again when checked) transactions. */
+    static void transactions(String namesrv) throws Exception {
+        String[] outcomes = {"commit", "rollback", "open"};
+        TransactionMQProducer producer = new TransactionMQProducer(TX_PRODUCER);
+        producer.setNamesrvAddr(namesrv);
+        producer.setInstanceName("compat-tx-" + System.nanoTime());
+        producer.setSendMsgTimeout(10000);
+        producer.setTransactionListener(new TransactionListener() {
+            @Override
+            public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                switch ((String) arg) {
+                    case "commit":
+                        return LocalTransactionState.COMMIT_MESSAGE;
+                    case "rollback":
+                        return LocalTransactionState.ROLLBACK_MESSAGE;
+                    default:
+                        return LocalTransactionState.UNKNOW;
+                }
+            }
+
+            @Override
+            public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+                return LocalTransactionState.UNKNOW;
+            }
+        });
+        producer.start();
+        waitForRoute(producer, TX_TOPIC);
+        for (int i = 0; i < 6; i++) {
+            String outcome = outcomes[i % outcomes.length];
+            Message msg = new Message(TX_TOPIC, "tx", ("tx " + outcome + " " + i).getBytes(StandardCharsets.UTF_8));
+            msg.setKeys("x" + i);
+            TransactionSendResult result = producer.sendMessageInTransaction(msg, outcome);
+            JSONObject line = describe("tx-" + outcome, msg);
+            line.put("msgId", result.getMsgId());
+            line.put("transactionId", result.getTransactionId());
+            line.put("state", result.getLocalTransactionState().name());
+            emit(line);
+        }
+        producer.shutdown();
+    }
+
+    static void append(String namesrv, String topic, int count) throws Exception {
+        DefaultMQProducer producer = new DefaultMQProducer("compat_appender");
+        producer.setNamesrvAddr(namesrv);
+        producer.setInstanceName("compat-appender-" + System.nanoTime());
+        producer.setSendMsgTimeout(10000);
+        producer.start();
+        waitForRoute(producer, topic);
+        for (int i = 0; i < count; i++) {
+            Message msg = new Message(topic, "appended", ("appended by RocketMQ " + i).getBytes(StandardCharsets.UTF_8));
+            msg.setKeys("ra" + i);
+            report("append", msg, producer.send(msg));
+        }
+        producer.shutdown();
+    }
+
+    static void txconsume(String namesrv, String producerGroup, String group, String topic, int count) throws Exception {
+        TransactionMQProducer producer = new TransactionMQProducer(producerGroup);
+        producer.setNamesrvAddr(namesrv);
+        producer.setInstanceName("compat-checker-" + System.nanoTime());
+        producer.setTransactionListener(new TransactionListener() {
+            @Override
+            public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
+                return LocalTransactionState.UNKNOW;
+            }
+
+            @Override
+            public LocalTransactionState checkLocalTransaction(MessageExt msg) {
+                JSONObject line = new JSONObject();
+                line.put("checked", MessageClientIDSetter.getUniqID(msg));
+                line.put("transactionId", msg.getTransactionId());
+                emit(line);
+                return LocalTransactionState.COMMIT_MESSAGE;
+            }
+        });
+        producer.start();
+        // a producer that has sent nothing knows no broker: route it to the topic's broker and
+        // heartbeat there, so that the broker has a channel to check back through
+        MQClientInstance factory = producer.getDefaultMQProducerImpl().getMqClientFactory();
+        factory.updateTopicRouteInfoFromNameServer(topic);
+        factory.sendHeartbeatToAllBrokerWithLock();
+        try {
+            consume(namesrv, group, topic, count);
+        } finally {
+            producer.shutdown();
+        }
     }
 
     static String brokerName(DefaultMQProducer producer, String topic) throws Exception {
@@ -205,7 +391,7 @@ public final class CompatTool {
         consumer.subscribe(topic, "*");
         consumer.start();
         int received = 0;
-        long deadline = System.currentTimeMillis() + 30000;
+        long deadline = System.currentTimeMillis() + 60000;
         int idle = 0;
         while (received < count && System.currentTimeMillis() < deadline && idle < 8) {
             List<MessageExt> batch = consumer.poll();
@@ -223,6 +409,8 @@ public final class CompatTool {
                 line.put("tags", msg.getTags());
                 line.put("keys", msg.getKeys());
                 line.put("body", new String(msg.getBody(), StandardCharsets.UTF_8));
+                line.put("storeTimestamp", msg.getStoreTimestamp());
+                line.put("properties", msg.getProperties());
                 emit(line);
                 received++;
             }
@@ -234,6 +422,7 @@ public final class CompatTool {
 
     static void admin(String namesrv, String brokerAddr, String[] queries) throws Exception {
         DefaultMQAdminExt admin = startAdmin(namesrv);
+        waitForRegistration(admin, brokerAddr);
         JSONObject summary = new JSONObject();
         summary.put("topics", new JSONArray(admin.fetchAllTopicList().getTopicList()));
         summary.put("groups", new JSONArray(admin.getAllSubscriptionGroup(brokerAddr, 5000).getSubscriptionGroupTable().keySet()));
@@ -266,6 +455,18 @@ public final class CompatTool {
             emit(line);
         }
         admin.shutdown();
+    }
+
+    /** Until the name server lists the broker at brokerAddr (it registers after it boots). */
+    static void waitForRegistration(DefaultMQAdminExt admin, String brokerAddr) throws Exception {
+        long deadline = System.currentTimeMillis() + 120000;
+        while (admin.examineBrokerClusterInfo().getBrokerAddrTable().values().stream()
+                .noneMatch(broker -> broker.getBrokerAddrs().containsValue(brokerAddr))) {
+            if (System.currentTimeMillis() > deadline) {
+                throw new IllegalStateException("the name server does not list the broker at " + brokerAddr);
+            }
+            Thread.sleep(200);
+        }
     }
 
     static String brokerName(DefaultMQAdminExt admin, String topic) throws Exception {
