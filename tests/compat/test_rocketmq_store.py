@@ -1,29 +1,29 @@
-"""Round trips with the real Apache RocketMQ 5.5.0 on the same store directories.
+"""RocketMQ 5.5.0 writes a store, tidemq reads it (`test_rocketmq_turns.py` goes the other way).
 
-- RocketMQ writes (normal messages with non-BMP tags, several keys, user properties, bodies it
-  compresses; a batch; delay levels; LMQ multi-dispatch; a 256-queue topic): tidemq checks the
-  store sound, rebuilds every ConsumeQueue and the index byte for byte, and delivers every
-  message with RocketMQ's message id.
-- tidemq writes (topics, groups, messages, a group's consumption): RocketMQ recovers to the same
-  log end, lists the topics and groups, finds messages by unique key and by key, and continues
-  the group from tidemq's consumed offsets; tidemq then continues from RocketMQ's.
+RocketMQ writes normal messages with non-BMP tags, several keys, user properties and bodies it
+compresses; a batch; delay levels; timer messages; committed, rolled-back and open transactions;
+FIFO message groups; LMQ multi-dispatch; a 256-queue topic.  tidemq checks the store sound,
+rebuilds every ConsumeQueue and the index byte for byte, delivers every message with RocketMQ's
+message id and plain body, fires the delay and timer messages at their time, delivers the
+committed transactions only and resolves the open ones, and keeps each message group in order.
 """
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import zlib
-from pathlib import Path
+from collections import defaultdict
 
 import pytest
+from rocketmq import FilterExpression, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from tidemq_side import Clock, InProcessBroker, copy_store, delivered, serving
 
-from tidemq.broker import Broker, BrokerConfig, Publish, ReceiveRequest
-from tidemq.broker.metadata import GroupConfig, TopicConfig
+from tidemq.broker import ReceiveRequest, fifo
+from tidemq.broker.metadata import GroupConfig
+from tidemq.broker.timers import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_OUT_MS, SCHEDULE_TOPIC, TIMER_TOPIC
+from tidemq.broker.transactions import COMMIT, HALF_TOPIC, OP_TOPIC
 from tidemq.pipeline.rebuild import rebuild
-from tidemq.protocol.grpc.convert import fill_delivered_message
 from tidemq.store import Message, MessageStore, StoreConfig
+from tidemq.store.format.special_queues import deliver_timestamp
 from tidemq.store.recovery import check
 
 MULTI = "INNER_MULTI_DISPATCH"
@@ -47,17 +47,20 @@ def rocketmq_store(rocketmq, tmp_path_factory):
     return store, sent
 
 
-def copy_store(source: Path, target: Path) -> Path:
-    subprocess.run(["cp", "-r", "--sparse=always", str(source), str(target)], check=True)
-    return target
+def of_kind(sent: list[dict], *kinds: str) -> list[dict]:
+    return [line for line in sent if line["kind"] in kinds]
 
 
 def test_tidemq_checks_rocketmqs_store_sound(rocketmq_store):
     store, sent = rocketmq_store
     report = check.check(store)
     assert report.problems == []
-    assert report.records == len(sent) == 40 + 10 + 5 + 6 + 260
-    assert report.units == len(sent) + LMQ_UNITS
+    plain = [line for line in sent if not line["kind"].startswith("tx-")]
+    assert len(plain) == 40 + 10 + 5 + 6 + 260 + 4 + 12 + 1
+    # the pop's checkpoint record; six half messages, the two committed messages, op messages
+    # (RocketMQ batches them), and a copy of an open one for each check
+    assert report.records >= len(plain) + 1 + 6 + 2 + 1
+    assert report.units == report.records + LMQ_UNITS  # RocketMQ writes no PREPARED record
 
 
 def test_rebuild_gives_rocketmqs_consume_queues_and_index_byte_for_byte(rocketmq_store, spark, tmp_path):
@@ -70,6 +73,9 @@ def test_rebuild_gives_rocketmqs_consume_queues_and_index_byte_for_byte(rocketmq
     topics = {p.parts[1] for p in theirs_files}
     assert {"CompatTopic", "CompatWide", "SCHEDULE_TOPIC_XXXX", "%LMQ%compat_a", "%LMQ%compat_b"} <= topics
     assert len([p for p in theirs_files if p.parts[1] == "CompatWide"]) == 256
+    (retry,) = of_kind(rocketmq_store[1], "retry")
+    assert len(retry["topic"]) > 127 and retry["topic"] in topics  # v2 records
+    assert {"rmq_sys_wheel_timer", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "CompatTx"} <= topics
     for relative in theirs_files:  # files are preallocated: their meaningful prefix is compared
         assert (ours / relative).read_bytes().rstrip(b"\0") == (store / relative).read_bytes().rstrip(b"\0"), relative
     # index files are named after when each was created, which the log does not say: same bytes
@@ -79,42 +85,6 @@ def test_rebuild_gives_rocketmqs_consume_queues_and_index_byte_for_byte(rocketmq
     assert ours_index[0].read_bytes() == theirs_index[0].read_bytes()
 
 
-class InProcessBroker:
-    """tidemq's broker on a store, on a private event loop."""
-
-    def __init__(self, store: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.store = MessageStore(store, StoreConfig())
-        self.broker = Broker(self.store, BrokerConfig())
-        self.loop.run_until_complete(self._start())
-
-    async def _start(self) -> None:
-        self.broker.start(asyncio.get_running_loop())
-
-    def run(self, coroutine):
-        return self.loop.run_until_complete(coroutine)
-
-    def receive_all(self, group: str, topic: str, expected: int) -> list:
-        got: list = []
-        for _ in range(expected // 16 + 20):
-            batch = self.run(self.broker.receive(ReceiveRequest(group=group, topic=topic, batch_size=32)))
-            got.extend(batch)
-            if not batch and len(got) >= expected:
-                break
-        return got
-
-    def close(self) -> None:
-        self.run(self.broker.close())
-        self.store.close()
-        self.loop.close()
-
-
-def delivered_id(received) -> pb.Message:
-    m = pb.Message()
-    fill_delivered_message(m, received.record, "", received.receipt_handle, received.delivery_attempt, 30_000)
-    return m
-
-
 def test_tidemq_delivers_rocketmqs_messages_with_their_ids(rocketmq_store, tmp_path):
     source, sent = rocketmq_store
     served = InProcessBroker(copy_store(source, tmp_path / "store"))
@@ -122,14 +92,15 @@ def test_tidemq_delivers_rocketmqs_messages_with_their_ids(rocketmq_store, tmp_p
         for topic in ("CompatTopic", "CompatWide", "CompatParent"):
             expected = {line["msgId"]: line for line in sent if line["topic"] == topic and line["kind"] != "delay"}
             got = served.receive_all("compat_readers", topic, len(expected))
-            messages = {delivered_id(r).system_properties.message_id: (r, delivered_id(r)) for r in got}
+            messages = {delivered(r).system_properties.message_id: (r, delivered(r)) for r in got}
             assert sorted(messages) == sorted(expected), topic
+            if topic == "CompatTopic":
+                assert sum(r.record.sysflag & 0x1 for r in got) == 8
             for message_id, (received, message) in messages.items():
                 line = expected[message_id]
-                body = bytes(received.record.body)
-                if received.record.sysflag & 0x1:  # RocketMQ compressed it (zlib)
-                    body = zlib.decompress(body)
-                assert body.decode() == line["body"]
+                # RocketMQ compressed the large bodies with zlib: a client gets them plain
+                assert message.system_properties.body_encoding == pb.IDENTITY
+                assert message.body.decode() == line["body"]
                 assert message.system_properties.tag == line.get("tags", "")
                 assert list(message.system_properties.keys) == (line.get("keys") or "").split()
                 assert (received.record.queue_id, received.record.queue_offset) == (line["queueId"], line["queueOffset"])
@@ -158,66 +129,126 @@ def test_tidemq_serves_rocketmqs_light_queues_and_adds_to_them(rocketmq_store, t
     assert check.check(path).problems == []
 
 
-# ---------------------------------------------------------------------------------------------
-# tidemq writes, RocketMQ reads
-
-
-@pytest.fixture(scope="module")
-def tidemq_store(tmp_path_factory):
-    """A store tidemq's broker wrote: two topics, a group that consumed part of one."""
-    store = tmp_path_factory.mktemp("written-by-tidemq") / "store"
-    served = InProcessBroker(store)
+def test_rocketmqs_delay_and_timer_messages_fire_at_their_time_in_tidemq(rocketmq_store, tmp_path):
+    source, sent = rocketmq_store
+    clock = Clock()
+    served = InProcessBroker(copy_store(source, tmp_path / "store"), clock)
     try:
-        served.broker.metadata.put_topic(TopicConfig("TideTopic", queue_nums=4))
-        served.broker.metadata.put_topic(TopicConfig("TideFifo", queue_nums=2, message_type="FIFO"))
-        served.broker.metadata.put_group(GroupConfig("tide_group", retry_max_times=7))
-        sent = []
-        for i in range(40):
-            message_id = f"01{i:030X}"
-            publish = Publish(topic="TideTopic", body=b"tide %d" % i, message_id=message_id,
-                              tag=["x", "y"][i % 2], keys=[f"tk{i}", "tide-all"], properties={"n": str(i)})
-            sent.append((message_id, served.run(served.broker.send(publish))))
+        # when each is due: a timer message at its TIMER_OUT_MS (RocketMQ's wheel has 1 s slots:
+        # it stores the delivery time rounded down to one), a delay-level message at its store
+        # time plus its level's delay
+        timers = {line["msgId"] for line in of_kind(sent, "timer")}
+        due = {rec.unique_key: int(rec.properties[PROPERTY_TIMER_OUT_MS])
+               for rec in served.store.get(TIMER_TOPIC, 0, 0, 100).messages if rec.unique_key in timers}
+        for line in of_kind(sent, "timer"):
+            assert line["deliverMs"] - 1000 <= due[line["msgId"]] <= line["deliverMs"]
+        delayed = {line["msgId"] for line in of_kind(sent, "delay")}
+        for qid in range(18):
+            for rec in served.store.get(SCHEDULE_TOPIC, qid, 0, 100).messages:
+                if rec.unique_key in delayed:
+                    due[rec.unique_key] = deliver_timestamp(int(rec.properties["DELAY"]), rec.store_timestamp)
+        assert delayed <= set(due) and len(due) == 4 + 5
+        topics = {"CompatTimer": 2, "CompatTopic": 4}
+        start = {topic: served.max_offsets(topic, queues) for topic, queues in topics.items()}
+        released: dict[str, object] = {}
+        for message_id, at in sorted(due.items(), key=lambda item: item[1]):
+            if message_id in released:
+                continue
+            clock.now = at - 1
+            assert served.release_timers() == 0, message_id
+            clock.now = at
+            assert served.release_timers() >= 1
+            for topic, queues in topics.items():
+                for rec in served.queue_records(topic, queues, start[topic]):
+                    released.setdefault(rec.unique_key, rec)
+            assert message_id in released
+        assert sorted(released) == sorted(due)  # each once, with the producer's id
+        for line in of_kind(sent, "timer", "delay"):
+            rec = released[line["msgId"]]
+            assert (rec.topic, bytes(rec.body).decode(), rec.keys) == (line["topic"], line["body"], [line["keys"]])
+            assert rec.tags == line["tags"]
+            if line["kind"] == "timer":
+                assert int(rec.properties[PROPERTY_TIMER_DEQUEUE_MS]) == due[line["msgId"]]
+    finally:
+        served.close()
+
+
+def test_rocketmqs_transactions_in_tidemq(rocketmq_store, tmp_path):
+    source, sent = rocketmq_store
+    served = InProcessBroker(copy_store(source, tmp_path / "store"))
+    try:
+        committed = {line["msgId"]: line for line in of_kind(sent, "tx-commit")}
+        open_ones = {line["msgId"]: line for line in of_kind(sent, "tx-open")}
+        assert len(committed) == len(open_ones) == 2
+        assert served.store.max_offset(HALF_TOPIC, 0) >= 6 and served.store.max_offset(OP_TOPIC, 0) >= 1
+        got = served.receive_all("compat_tx_readers", "CompatTx", len(committed))
+        assert sorted(delivered(r).system_properties.message_id for r in got) == sorted(committed)
+        assert sorted(bytes(r.record.body).decode() for r in got) == sorted(line["body"] for line in committed.values())
+        # the open transactions are open in tidemq too; committing one delivers it
+        assert set(served.broker.transactions.pending) == set(open_ones)
+        first, second = sorted(open_ones)
+        served.run(served.broker.end_transaction("CompatTx", first, open_ones[first]["transactionId"], COMMIT))
         assert served.store.wait_dispatched()
-        consumed = served.run(served.broker.receive(ReceiveRequest(group="tide_group", topic="TideTopic", batch_size=15)))
-        assert len(consumed) == 15
-        for received in consumed:
-            served.broker.ack("tide_group", "TideTopic", received.receipt_handle)
-        log_end = served.store.commit_log.write_position
-        max_offsets = {q: served.store.max_offset("TideTopic", q) for q in range(4)}
+        (late,) = served.receive_all("compat_tx_readers", "CompatTx", 1)
+        assert delivered(late).system_properties.message_id == first
+        assert bytes(late.record.body).decode() == open_ones[first]["body"]
+        assert set(served.broker.transactions.pending) == {second}
     finally:
         served.close()
-    consumed_ids = {r.record.unique_key for r in consumed}
-    return store, sent, consumed_ids, log_end, max_offsets
 
 
-def test_rocketmq_opens_tidemqs_store_and_continues_its_group(rocketmq, tidemq_store):
-    store, sent, consumed_ids, log_end, max_offsets = tidemq_store
-    rocketmq.start_broker(store)
+def test_rocketmqs_fifo_message_groups_in_tidemq(rocketmq_store, tmp_path):
+    source, sent = rocketmq_store
+    lines = of_kind(sent, "fifo")
+    # tidemq puts a message group on the queue RocketMQ's proxy picks for it
+    assert all(line["queueId"] == fifo.queue_for_group(line["messageGroup"], 2) for line in lines)
+    assert len({line["queueId"] for line in lines}) == 2
+    served = InProcessBroker(copy_store(source, tmp_path / "store"))
     try:
-        first_id, _ = sent[3]
-        summary, fifo, topic, by_id, by_key = rocketmq.tool(
-            "admin", rocketmq.namesrv_addr, rocketmq.broker_addr,
-            "topic:TideFifo", "topic:TideTopic", f"uniq:TideTopic:{first_id}", "key:TideTopic:tk5",
-        )
-        assert {"TideTopic", "TideFifo"} <= set(summary["topics"])
-        assert "tide_group" in summary["groups"]
-        assert int(summary["runtime"]["commitLogMaxOffset"]) == log_end
-        assert fifo["attributes"] == {"message.type": "FIFO"} and fifo["readQueueNums"] == 2
-        assert {int(q): offset for q, offset in topic["maxOffsets"].items()} == max_offsets
-        assert by_id["found"] == ["tide 3"]
-        assert by_key["found"] == ["tide 5"]
-        received = rocketmq.tool("consume", rocketmq.namesrv_addr, "tide_group", "TideTopic", "25")
-    finally:
-        rocketmq.stop_broker()
-    # the rest of the messages, each once, with the producer's ids
-    assert sorted(line["msgId"] for line in received) == sorted(i for i, _ in sent if i not in consumed_ids)
-    by_id = {i: result for i, result in sent}
-    for line in received:
-        assert (line["queueId"], line["queueOffset"]) == (by_id[line["msgId"]].queue_id, by_id[line["msgId"]].queue_offset)
-    # back in tidemq: the store is sound, and the group continues from RocketMQ's offsets
-    assert check.check(store).problems == []
-    served = InProcessBroker(store)
-    try:
-        assert served.run(served.broker.receive(ReceiveRequest(group="tide_group", topic="TideTopic"))) == []
+        served.broker.metadata.put_group(GroupConfig("compat_fifo_readers", fifo=True))
+        order: dict[str, list[str]] = defaultdict(list)
+        for _ in range(len(lines) + 1):
+            batch = served.run(served.broker.receive(ReceiveRequest(group="compat_fifo_readers", topic="CompatFifo",
+                                                                    batch_size=32)))
+            if not batch:
+                break
+            groups = [delivered(r).system_properties.message_group for r in batch]
+            assert len(groups) == len(set(groups))  # one in flight per message group
+            for received, group in zip(batch, groups):
+                order[group].append(delivered(received).system_properties.message_id)
+                served.broker.ack("compat_fifo_readers", "CompatFifo", received.receipt_handle)
+        expected: dict[str, list[str]] = defaultdict(list)
+        for line in lines:
+            expected[line["messageGroup"]].append(line["msgId"])
+        assert order == expected
     finally:
         served.close()
+
+
+def test_serve_gives_the_official_sdk_rocketmqs_messages(rocketmq_store, tmp_path):
+    """`tidemq serve` on RocketMQ's store, the Python SDK over a socket: RocketMQ's ids, plain
+    bodies (the SDK inflates a body marked GZIP), tags, keys and user properties."""
+    source, sent = rocketmq_store
+    expected = {line["msgId"]: line for line in of_kind(sent, "normal", "batch")}
+    with serving(copy_store(source, tmp_path / "store")) as server:
+        consumer = SimpleConsumer(server.config(), "compat_sdk_readers", {"CompatTopic": FilterExpression()},
+                                  await_duration=1)
+        consumer.startup()
+        try:
+            got: dict = {}
+            for _ in range(len(expected)):
+                for message in consumer.receive(32, 30):
+                    got[message.message_id] = message
+                    consumer.ack(message)
+                if len(got) >= len(expected):
+                    break
+        finally:
+            consumer.shutdown()
+    assert sorted(got) == sorted(expected)
+    for message_id, message in got.items():
+        line = expected[message_id]
+        assert message.body.decode() == line["body"]
+        assert message.tag == line["tags"]
+        assert sorted(message.keys) == sorted(line["keys"].split())
+        if line["kind"] == "normal":
+            assert message.properties["color"] in ("blue", "red")

@@ -8,14 +8,21 @@ import java.util.Collection;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 import org.apache.rocketmq.client.QueryResult;
 import com.google.common.hash.Hashing;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
 import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.client.consumer.PopCallback;
+import org.apache.rocketmq.client.consumer.PopResult;
+import org.apache.rocketmq.client.consumer.PopStatus;
 import org.apache.rocketmq.client.consumer.PullStatus;
 import org.apache.rocketmq.client.impl.factory.MQClientInstance;
-import org.apache.rocketmq.common.MixAll;
+import org.apache.rocketmq.common.KeyBuilder;
+import org.apache.rocketmq.common.constant.ConsumeInitMode;
+import org.apache.rocketmq.common.filter.ExpressionType;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.LocalTransactionState;
 import org.apache.rocketmq.client.producer.SendResult;
@@ -30,6 +37,7 @@ import org.apache.rocketmq.common.message.MessageClientIDSetter;
 import org.apache.rocketmq.common.message.MessageConst;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
+import org.apache.rocketmq.remoting.protocol.header.PopMessageRequestHeader;
 import org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
@@ -57,8 +65,8 @@ public final class CompatTool {
     static final String TX_TOPIC = "CompatTx";
     static final String TX_PRODUCER = "compat_tx_producer";
     static final long HOUR_MS = 3600_000L;
-    // a group whose retry topic is longer than 127 characters: RocketMQ writes its records as v2
-    static final String LONG_GROUP = "compat_" + "g".repeat(193);
+    // a group (of the longest name allowed) whose pop retry topic is longer than 127 characters
+    static final String POP_GROUP = "compat_" + "g".repeat(113);
     static final String GROUP = "compat_group";
     static final String[] TAGS = {"TagA", "TagB", "\u6807\u7b7e", "tag\uD834\uDD1E"};
 
@@ -129,11 +137,7 @@ public final class CompatTool {
         admin.createAndUpdateSubscriptionGroupConfig(brokerAddr, group);
         admin.shutdown();
 
-        DefaultMQProducer producer = new DefaultMQProducer("compat_producer");
-        producer.setNamesrvAddr(namesrv);
-        producer.setInstanceName("compat-producer-" + System.nanoTime());
-        producer.setSendMsgTimeout(10000);
-        producer.start();
+        DefaultMQProducer producer = started(new DefaultMQProducer("compat_producer"), namesrv);
         waitForRoute(producer, TOPIC);
         waitForRoute(producer, WIDE_TOPIC);
         waitForRoute(producer, FIFO_TOPIC);
@@ -212,56 +216,81 @@ public final class CompatTool {
             line.put("queueOffset", result.getQueueOffset());
             emit(line);
         }
+        popRetryOfLongGroup(namesrv, producer);
         producer.shutdown();
         transactions(namesrv);
-        retryOfLongGroup(namesrv);
     }
 
-    /** A message sent back for a retry (delay level 1) by a group with a long name: a second
-     * later RocketMQ stores it in the group's retry topic, as a v2 record. */
-    static void retryOfLongGroup(String namesrv) throws Exception {
-        DefaultMQPullConsumer consumer = new DefaultMQPullConsumer(LONG_GROUP);
-        consumer.setNamesrvAddr(namesrv);
-        consumer.setInstanceName("compat-retry-" + System.nanoTime());
-        consumer.start();
-        MessageQueue queue = null;
-        for (MessageQueue candidate : consumer.fetchSubscribeMessageQueues(TOPIC)) {
-            if (candidate.getQueueId() == 0) {
-                queue = candidate;
+    /** A message popped by a group with a long name and never acked: once its invisible time
+     * is over, RocketMQ's revive service stores it in the group's pop retry topic
+     * (`%RETRY%group_topic`, longer than 127 characters), as a v2 record. */
+    static void popRetryOfLongGroup(String namesrv, DefaultMQProducer producer) throws Exception {
+        MessageQueue queue = producer.fetchPublishMessageQueues(TOPIC).get(0);
+        MQClientInstance factory = producer.getDefaultMQProducerImpl().getMqClientFactory();
+        String brokerAddr = factory.findBrokerAddressInPublish(queue.getBrokerName());
+        PopMessageRequestHeader header = new PopMessageRequestHeader();
+        header.setConsumerGroup(POP_GROUP);
+        header.setTopic(TOPIC);
+        header.setQueueId(queue.getQueueId());
+        header.setMaxMsgNums(1);
+        header.setInvisibleTime(1000);
+        header.setPollTime(1000);
+        header.setBornTime(System.currentTimeMillis());
+        header.setInitMode(ConsumeInitMode.MIN);
+        header.setExpType(ExpressionType.TAG);
+        header.setExp("*");
+        CompletableFuture<PopResult> popped = new CompletableFuture<>();
+        factory.getMQClientAPIImpl().popMessageAsync(queue.getBrokerName(), brokerAddr, header, 10000, new PopCallback() {
+            @Override
+            public void onSuccess(PopResult popResult) {
+                popped.complete(popResult);
             }
+
+            @Override
+            public void onException(Throwable e) {
+                popped.completeExceptionally(e);
+            }
+        });
+        PopResult result = popped.get(30, TimeUnit.SECONDS);
+        if (result.getPopStatus() != PopStatus.FOUND) {
+            throw new IllegalStateException("the pop found nothing: " + result);
         }
-        MessageExt msg = consumer.pull(queue, "*", 0, 1).getMsgFoundList().get(0);
-        consumer.sendMessageBack(msg, 1, queue.getBrokerName());
-        String retryTopic = MixAll.getRetryTopic(LONG_GROUP);
+        String popId = result.getMsgFoundList().get(0).getMsgId();
+        String retryTopic = KeyBuilder.buildPopRetryTopic(TOPIC, POP_GROUP, false);
+        DefaultMQPullConsumer reader = new DefaultMQPullConsumer("compat_retry_reader");
+        reader.setNamesrvAddr(namesrv);
+        reader.setInstanceName("compat-retry-reader-" + System.nanoTime());
+        reader.start();
         MessageQueue retryQueue = new MessageQueue(retryTopic, queue.getBrokerName(), 0);
         long deadline = System.currentTimeMillis() + 120000;
         while (true) {
-            PullResult result = consumer.pull(retryQueue, "*", 0, 1);
-            if (result.getPullStatus() == PullStatus.FOUND) {
-                MessageExt retried = result.getMsgFoundList().get(0);
-                JSONObject line = new JSONObject();
-                line.put("kind", "retry");
-                line.put("topic", retried.getTopic());
-                line.put("msgId", retried.getMsgId());
-                line.put("body", new String(retried.getBody(), StandardCharsets.UTF_8));
-                emit(line);
-                break;
+            try {
+                PullResult pulled = reader.pull(retryQueue, "*", 0, 1);
+                if (pulled.getPullStatus() == PullStatus.FOUND) {
+                    MessageExt retried = pulled.getMsgFoundList().get(0);
+                    JSONObject line = new JSONObject();
+                    line.put("kind", "retry");
+                    line.put("topic", retried.getTopic());
+                    line.put("msgId", retried.getMsgId());
+                    line.put("poppedId", popId);
+                    emit(line);
+                    break;
+                }
+            } catch (Exception e) {
+                // the retry topic does not exist before the first revive
             }
             if (System.currentTimeMillis() > deadline) {
-                throw new IllegalStateException("the retry of " + msg.getMsgId() + " did not arrive in " + retryTopic);
+                throw new IllegalStateException("the retry of " + popId + " did not arrive in " + retryTopic);
             }
             Thread.sleep(200);
         }
-        consumer.shutdown();
+        reader.shutdown();
     }
 
     /** Committed, rolled-back and open (UNKNOW, and UNKNOW again when checked) transactions. */
     static void transactions(String namesrv) throws Exception {
         String[] outcomes = {"commit", "rollback", "open"};
         TransactionMQProducer producer = new TransactionMQProducer(TX_PRODUCER);
-        producer.setNamesrvAddr(namesrv);
-        producer.setInstanceName("compat-tx-" + System.nanoTime());
-        producer.setSendMsgTimeout(10000);
         producer.setTransactionListener(new TransactionListener() {
             @Override
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
@@ -280,7 +309,7 @@ public final class CompatTool {
                 return LocalTransactionState.UNKNOW;
             }
         });
-        producer.start();
+        started(producer, namesrv);
         waitForRoute(producer, TX_TOPIC);
         for (int i = 0; i < 6; i++) {
             String outcome = outcomes[i % outcomes.length];
@@ -297,11 +326,7 @@ public final class CompatTool {
     }
 
     static void append(String namesrv, String topic, int count) throws Exception {
-        DefaultMQProducer producer = new DefaultMQProducer("compat_appender");
-        producer.setNamesrvAddr(namesrv);
-        producer.setInstanceName("compat-appender-" + System.nanoTime());
-        producer.setSendMsgTimeout(10000);
-        producer.start();
+        DefaultMQProducer producer = started(new DefaultMQProducer("compat_appender"), namesrv);
         waitForRoute(producer, topic);
         for (int i = 0; i < count; i++) {
             Message msg = new Message(topic, "appended", ("appended by RocketMQ " + i).getBytes(StandardCharsets.UTF_8));
@@ -313,8 +338,6 @@ public final class CompatTool {
 
     static void txconsume(String namesrv, String producerGroup, String group, String topic, int count) throws Exception {
         TransactionMQProducer producer = new TransactionMQProducer(producerGroup);
-        producer.setNamesrvAddr(namesrv);
-        producer.setInstanceName("compat-checker-" + System.nanoTime());
         producer.setTransactionListener(new TransactionListener() {
             @Override
             public LocalTransactionState executeLocalTransaction(Message msg, Object arg) {
@@ -330,7 +353,7 @@ public final class CompatTool {
                 return LocalTransactionState.COMMIT_MESSAGE;
             }
         });
-        producer.start();
+        started(producer, namesrv);
         // a producer that has sent nothing knows no broker: route it to the topic's broker and
         // heartbeat there, so that the broker has a channel to check back through
         MQClientInstance factory = producer.getDefaultMQProducerImpl().getMqClientFactory();
@@ -341,6 +364,15 @@ public final class CompatTool {
         } finally {
             producer.shutdown();
         }
+    }
+
+    /** `producer`, on the name server, started. */
+    static <P extends DefaultMQProducer> P started(P producer, String namesrv) throws Exception {
+        producer.setNamesrvAddr(namesrv);
+        producer.setInstanceName(producer.getProducerGroup() + "-" + System.nanoTime());
+        producer.setSendMsgTimeout(10000);
+        producer.start();
+        return producer;
     }
 
     static String brokerName(DefaultMQProducer producer, String topic) throws Exception {
