@@ -5,12 +5,11 @@ import gzip
 import zlib
 
 import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tidemq.broker import bodies, lookups
 from tidemq.protocol.grpc.convert import fill_delivered_message
-from tidemq.store import Message
-from tidemq.store import record
-from rocketmq.grpc_protocol import definition_pb2 as pb
+from tidemq.store import Message, record
 
 PLAIN = ("compressible body " * 400).encode()
 ZLIB_TYPE = bodies.COMPRESSION_ZLIB << bodies.COMPRESSION_SHIFT
