@@ -24,7 +24,7 @@ from tidemq_side import Clock, InProcessBroker, delivered
 from tidemq.broker import Publish, ReceiveRequest, fifo
 from tidemq.broker.metadata import GroupConfig, TopicConfig
 from tidemq.broker.transactions import COMMIT, ROLLBACK
-from tidemq.store import check
+from tidemq.store.recovery import check
 
 BEHIND_MS = 60_000  # tidemq's clock, behind the wall clock while it writes
 HOUR_MS = 3_600_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tidemq.store import Message, MessageStore, StoreConfig, record
-from tidemq.store.special_queues import SCHEDULE_TOPIC
+from tidemq.store.format.special_queues import SCHEDULE_TOPIC
 
 SEGMENT_SIZE = 64 * 1024
 UNITS_PER_FILE = 100

@@ -15,7 +15,7 @@ from tidemq.pipeline.errors import job_errors
 from tidemq.pipeline.rebuild import rebuild
 from tidemq.pipeline.source import ReadSettings, read_range
 from tidemq.store import record
-from tidemq.store.special_queues import DELAY_LEVELS_MS, SCHEDULE_TOPIC
+from tidemq.store.format.special_queues import DELAY_LEVELS_MS, SCHEDULE_TOPIC
 
 SMALL = str(24 * 1024)
 

@@ -27,7 +27,7 @@ from pyspark.sql.types import (
 )
 
 from ..store import record
-from ..store import special_queues
+from ..store.format import special_queues
 
 FIELDS = [
     StructField("broker", StringType(), False),
