@@ -32,6 +32,9 @@ COMPRESSION_ZLIB = 3
 # the bits that say how a body is stored; a copy of a record (retry, dead letter) keeps them
 BODY_FLAGS = record.FLAG_COMPRESSED | record.COMPRESSION_TYPE_MASK
 GZIP_MAGIC = b"\x1f\x8b"
+# the most a stored body inflates to (RocketMQ's clients compress bodies of at most their
+# maxMessageSize, 4 MiB by default); a body that would inflate further is given as stored
+MAX_INFLATED = 64 << 20
 
 
 def compression_type(sysflag: int) -> int:
@@ -48,11 +51,12 @@ def delivered_body(body: bytes, sysflag: int) -> tuple[bytes, bool]:
         return body, False
     if body[:2] == GZIP_MAGIC:
         return body, True
-    try:
-        return zlib.decompress(body), False
-    except zlib.error as exc:
-        log.warning("a body flagged zlib-compressed does not inflate (%s); it is given as stored", exc)
+    plain = _inflate(body, 15)
+    if plain is None:
+        log.warning("a body flagged zlib-compressed does not inflate to at most %d octets; it is given as stored",
+                    MAX_INFLATED)
         return body, False
+    return plain, False
 
 
 def plain_body(body: bytes, sysflag: int) -> bytes | None:
@@ -61,7 +65,17 @@ def plain_body(body: bytes, sysflag: int) -> bytes | None:
         return body
     if compression_type(sysflag) != COMPRESSION_ZLIB:
         return None
+    return _inflate(body, 31 if body[:2] == GZIP_MAGIC else 15)
+
+
+def _inflate(body: bytes, wbits: int) -> bytes | None:
+    """One whole zlib (wbits 15) or gzip (31) stream inflated, or None if it is broken, cut short
+    or inflates past MAX_INFLATED."""
+    inflater = zlib.decompressobj(wbits)
     try:
-        return zlib.decompress(body, 31 if body[:2] == GZIP_MAGIC else 15)
+        plain = inflater.decompress(body, MAX_INFLATED)
     except zlib.error:
         return None
+    if inflater.unconsumed_tail or not inflater.eof:
+        return None
+    return plain
