@@ -60,8 +60,9 @@ def test_a_dead_letter_keeps_how_its_body_is_compressed(harness):
     assert dead.sysflag & bodies.BODY_FLAGS == record.FLAG_COMPRESSED | LZ4_TYPE
 
 
-def test_a_body_that_inflates_past_the_bound_is_given_as_stored(harness):
-    bomb = zlib.compress(b"\0" * (bodies.MAX_INFLATED + 1))
+def test_a_body_that_inflates_past_the_bound_is_given_as_stored(harness, monkeypatch):
+    monkeypatch.setattr(bodies, "MAX_INFLATED", 1 << 20)
+    bomb = zlib.compress(b"\0" * ((1 << 20) + 1))
     received = stored(harness, bomb, record.FLAG_COMPRESSED | ZLIB_TYPE)
     m = given(received)
     assert m.system_properties.body_encoding == pb.IDENTITY
