@@ -4,7 +4,8 @@ Java program on the 4.x-style client) to write and read through them.
 
     ${XDG_CACHE_HOME:-~/.cache}/tidemq/rocketmq/
         m2/              Maven's local repository for these artifacts
-        build/           CompatTool's jar and lib/ (every dependency jar)
+        build/HASH/      CompatTool's jar, per version of its sources and the pom
+        lib/HASH/        every dependency jar, per version of the pom
         home/conf/       ROCKETMQ_HOME (empty: the logback configurations are in the jars)
 
 Java 17 and Maven must be on PATH (or JAVA_HOME); without them the tests fail saying so.
@@ -12,6 +13,7 @@ Java 17 and Maven must be on PATH (or JAVA_HOME); without them the tests fail sa
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -47,27 +49,34 @@ def java_executable() -> str:
 
 
 def build_classpath() -> str:
-    """Resolve RocketMQ 5.5.0 and build CompatTool (once per change of the pom or the program)."""
+    """Resolve RocketMQ 5.5.0 and build CompatTool: one jar per version of the program, one
+    lib/ of dependency jars per version of the pom, so that checkouts at different versions
+    share the cache without replacing each other's jar under a running test."""
     java_executable()
     mvn = shutil.which("mvn")
     if not mvn:
         pytest.fail("the RocketMQ compatibility tests need Maven (`mvn` on PATH) to resolve RocketMQ 5.5.0")
     cache = cache_dir()
-    build = cache / "build"
-    sources = [HERE / "pom.xml", *sorted((HERE / "src").rglob("*.java"))]
-    stamp = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
-    stamp_file = build / "sources.sha256"
+    pom = HERE / "pom.xml"
+    sources = [pom, *sorted((HERE / "src").rglob("*.java"))]
+    build = cache / "build" / hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    lib = cache / "lib" / hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
     jar = build / "tidemq-compat-1.jar"
-    if not (jar.exists() and stamp_file.exists() and stamp_file.read_text() == stamp):
-        command = [
-            mvn, "-B", "-q", "-f", str(HERE / "pom.xml"), f"-Dmaven.repo.local={cache / 'm2'}",
-            f"-Dcompat.build={build}", "package", "dependency:copy-dependencies",
-        ]
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"Maven could not build the RocketMQ side ({' '.join(command)}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
-        stamp_file.write_text(stamp)
-    return os.pathsep.join([str(jar), str(build / "lib" / "*")])
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time; the next finds it done
+        goals = [] if jar.exists() else ["package"]
+        goals += [] if (lib / "complete").exists() else ["dependency:copy-dependencies"]
+        if goals:
+            command = [
+                mvn, "-B", "-q", "-f", str(pom), f"-Dmaven.repo.local={cache / 'm2'}", f"-Dcompat.build={build}",
+                f"-Dcompat.lib={lib}", *goals,
+            ]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0 or not jar.exists():
+                pytest.fail(f"Maven could not build the RocketMQ side ({' '.join(command)}):\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
+            (lib / "complete").touch()
+    return os.pathsep.join([str(jar), str(lib / "*")])
 
 
 def free_port(neighbours: tuple[int, ...] = (0,)) -> int:
