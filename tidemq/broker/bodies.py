@@ -15,11 +15,7 @@ no decoder for them.  Pure functions."""
 from __future__ import annotations
 
 import logging
-
-try:  # the store's dependency; the standard module where its wheel is missing
-    from zlib_ng import zlib_ng as zlib
-except ImportError:  # pragma: no cover
-    import zlib
+import zlib
 
 from ..store import record
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 from functools import lru_cache
 from hashlib import md5
 
-from ...broker import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, BrokerError, Code, Publish, ServerSettings, TopicConfig
+from ...broker import (
+    PRODUCER,
+    PUSH_CONSUMER,
+    SIMPLE_CONSUMER,
+    BrokerError,
+    Code,
+    Publish,
+    ServerSettings,
+    TopicConfig,
+    bodies,
+)
 from ...broker import priority as priorities
-from ...broker import bodies
 from ...broker.fifo import PROPERTY_SHARDING_KEY
 from ...broker.lite import (
     COMPLETE_ADD,
