@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from tidemq_side import Clock, InProcessBroker, delivered
+from tidemq_side import Clock, InProcessBroker, delivered, move_to
 
 from tidemq.broker import Publish, ReceiveRequest, fifo
 from tidemq.broker.metadata import GroupConfig, TopicConfig
@@ -172,11 +172,11 @@ def test_3_tidemq_continues_rocketmqs_turn(turns):
         # the far timers fire at their time; nothing RocketMQ fired goes out again
         start = served.max_offsets("TideTimer", 2)
         for message_id, due in sorted(turns["far"].items(), key=lambda item: item[1]):
-            clock.now = due - 1
+            move_to(clock, due - 1)
             served.release_timers()
             out = [r.unique_key for r in served.queue_records("TideTimer", 2, start)]
             assert message_id not in out
-            clock.now = due
+            move_to(clock, due)
             served.release_timers()
             out = [r.unique_key for r in served.queue_records("TideTimer", 2, start)]
             assert message_id in out

@@ -13,6 +13,7 @@ from pathlib import Path
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tidemq.broker import Broker, BrokerConfig, ReceiveRequest
+from tidemq.broker.clock import VirtualClock
 from tidemq.protocol.grpc.convert import fill_delivered_message
 from tidemq.store import MessageStore, StoreConfig
 
@@ -21,14 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's e
 from e2e.server import ServerProcess
 
 
-class Clock:
-    """Milliseconds; starts at the wall clock (or `now`) and moves only when told."""
+def Clock(now: int | None = None) -> VirtualClock:
+    """The broker's virtual clock, at the wall clock's time (or `now`); it moves when told."""
+    return VirtualClock(time.time_ns() // 1_000_000 if now is None else now)
 
-    def __init__(self, now: int | None = None) -> None:
-        self.now = time.time_ns() // 1_000_000 if now is None else now
 
-    def __call__(self) -> int:
-        return self.now
+def move_to(clock: VirtualClock, now: int) -> None:
+    """Advance `clock` to `now` (not back), firing the broker's rounds due meanwhile."""
+    clock.advance(max(0, now - clock.now))
 
 
 async def _no_background_round(*args) -> None:
@@ -38,7 +39,7 @@ async def _no_background_round(*args) -> None:
 class InProcessBroker:
     """tidemq's broker on a store, on a private event loop."""
 
-    def __init__(self, store: Path, clock: Clock | None = None) -> None:
+    def __init__(self, store: Path, clock: VirtualClock | None = None) -> None:
         self.clock = clock or Clock()
         self.loop = asyncio.new_event_loop()
         self.store = MessageStore(store, StoreConfig(clock=self.clock))
