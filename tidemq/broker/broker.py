@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Callable
 
-from ..store import Message, MessageStore, record
+from ..store import Message, MessageStore
 from . import bodies, clock, fifo, lite, timers, validation
 from .codes import BrokerError, Code, disk_refused
 from .config import BrokerConfig
