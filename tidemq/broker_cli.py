@@ -27,8 +27,12 @@ def register(commands) -> None:
     p.add_argument("name")
     p.add_argument("--queues", type=int, default=None, help="queue count (default 8; a PRIORITY topic: one per level)")
     p.add_argument("--type", default="NORMAL", choices=["NORMAL", "FIFO", "DELAY", "TRANSACTION", "PRIORITY", "LITE"])
-    p.add_argument("--priorities", type=int, default=None,
-                   help="priority levels of a PRIORITY topic, one queue each (default 10: priorities 0-9)")
+    p.add_argument(
+        "--priorities",
+        type=int,
+        default=None,
+        help="priority levels of a PRIORITY topic, one queue each (default 10: priorities 0-9)",
+    )
     _target(p)
     p.set_defaults(func=_topic_create)
     p = sub.add_parser("list", help="topics with their queues' min and max offsets")
@@ -37,14 +41,24 @@ def register(commands) -> None:
 
     group = commands.add_parser("group", help="create and list consumer groups")
     sub = group.add_subparsers(dest="group_command", required=True)
-    for command, text, func in (("create", "create a consumer group (refused if it exists)", _group_create),
-                                ("update", "change an existing group's retry policy", _group_update)):
+    for command, text, func in (
+        ("create", "create a consumer group (refused if it exists)", _group_create),
+        ("update", "change an existing group's retry policy", _group_update),
+    ):
         p = sub.add_parser(command, help=text)
         p.add_argument("name")
-        p.add_argument("--max-attempts", type=int, default=None, help="deliveries before the dead-letter queue (default 17)")
-        p.add_argument("--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries")
-        p.add_argument("--fifo", action=argparse.BooleanOptionalAction, default=None,
-                       help="deliver each message group in order (RocketMQ's consumeMessageOrderly); --no-fifo undoes it")
+        p.add_argument(
+            "--max-attempts", type=int, default=None, help="deliveries before the dead-letter queue (default 17)"
+        )
+        p.add_argument(
+            "--retry-backoff-ms", default=None, help="comma-separated invisible times of successive push retries"
+        )
+        p.add_argument(
+            "--fifo",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="deliver each message group in order (RocketMQ's consumeMessageOrderly); --no-fifo undoes it",
+        )
         if command == "create":
             p.add_argument("--lite-bind-topic", default=None, help="make it a lite group of this LITE topic")
         _target(p)
@@ -88,11 +102,18 @@ def _call(args: argparse.Namespace, method: str, **arguments):
         try:
             return admin_call(address, method, **arguments)
         except grpc.RpcError as exc:
-            raise SystemExit(f"tidemq: cannot reach a broker at {address} ({exc.code().name}: {exc.details()}); "
-                             "give --server HOST:PORT, or --store DIR for a stopped broker") from None
-    functions: dict[str, Callable[..., Any]] = {"CreateTopic": admin.create_topic, "ListTopics": admin.list_topics,
-                 "CreateGroup": admin.create_group, "UpdateGroup": admin.update_group, "ListGroups": admin.list_groups,
-                 "ListLite": admin.list_lite}
+            raise SystemExit(
+                f"tidemq: cannot reach a broker at {address} ({exc.code().name}: {exc.details()}); "
+                "give --server HOST:PORT, or --store DIR for a stopped broker"
+            ) from None
+    functions: dict[str, Callable[..., Any]] = {
+        "CreateTopic": admin.create_topic,
+        "ListTopics": admin.list_topics,
+        "CreateGroup": admin.create_group,
+        "UpdateGroup": admin.update_group,
+        "ListGroups": admin.list_groups,
+        "ListLite": admin.list_lite,
+    }
     with _offline_broker(args.store) as broker:
         return functions[method](broker, **arguments)
 
@@ -124,8 +145,9 @@ def _print(args, value, lines) -> int:
 
 
 def _topic_create(args) -> int:
-    t = _call(args, "CreateTopic", name=args.name, queue_nums=args.queues, message_type=args.type,
-              priorities=args.priorities)
+    t = _call(
+        args, "CreateTopic", name=args.name, queue_nums=args.queues, message_type=args.type, priorities=args.priorities
+    )
     levels = f" ({t['priorities']} priority levels)" if "priorities" in t else ""
     return _print(args, t, [f"topic {t['name']}: {t['queue_nums']} queues, {t['message_type']}{levels}"])
 
@@ -146,13 +168,26 @@ def _group_create(args, method: str = "CreateGroup") -> int:
     try:
         backoff = [int(x) for x in args.retry_backoff_ms.split(",")] if args.retry_backoff_ms else None
     except ValueError:
-        raise SystemExit(f"tidemq: --retry-backoff-ms {args.retry_backoff_ms!r} is not a comma-separated list of ms") from None
+        raise SystemExit(
+            f"tidemq: --retry-backoff-ms {args.retry_backoff_ms!r} is not a comma-separated list of ms"
+        ) from None
     bind = getattr(args, "lite_bind_topic", None)
-    g = _call(args, method, name=args.name, max_attempts=args.max_attempts, retry_backoff_ms=backoff, fifo=args.fifo,
-              **({"lite_bind_topic": bind} if bind else {}))
+    g = _call(
+        args,
+        method,
+        name=args.name,
+        max_attempts=args.max_attempts,
+        retry_backoff_ms=backoff,
+        fifo=args.fifo,
+        **({"lite_bind_topic": bind} if bind else {}),
+    )
     order = ", FIFO" if g.get("fifo") else ""
     lite = f", lite group of {g['lite_bind_topic']}" if g.get("lite_bind_topic") else ""
-    return _print(args, g, [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms{order}{lite}"])
+    return _print(
+        args,
+        g,
+        [f"group {g['name']}: max attempts {g['max_attempts']}, retry backoff {g['retry_backoff_ms']} ms{order}{lite}"],
+    )
 
 
 def _group_update(args) -> int:
@@ -163,18 +198,26 @@ def _group_list(args) -> int:
     groups = _call(args, "ListGroups")
     lines = []
     for g in groups:
-        lite = f"  lite group of {g['lite_bind_topic']}  light queues {g.get('light_queues', 0)}" if g.get("lite_bind_topic") else ""
+        lite = (
+            f"  lite group of {g['lite_bind_topic']}  light queues {g.get('light_queues', 0)}"
+            if g.get("lite_bind_topic")
+            else ""
+        )
         lines.append(f"{g['name']}  max attempts {g['max_attempts']}  dead letters {g['dead_letters']}{lite}")
         for t in g["topics"]:
             lines.append(f"  {t['topic']}  backlog {t['backlog']}")
             for q in t["queues"]:
-                lines.append(f"    {t['topic']}/{q['queue_id']}  consumed {q['consumed_offset']}  max {q['max_offset']}"
-                             f"  backlog {q['backlog']}  in flight {q['in_flight']}")
+                lines.append(
+                    f"    {t['topic']}/{q['queue_id']}  consumed {q['consumed_offset']}  max {q['max_offset']}"
+                    f"  backlog {q['backlog']}  in flight {q['in_flight']}"
+                )
     return _print(args, groups, lines)
 
 
 def _lite_list(args) -> int:
-    listing = _call(args, "ListLite", bind_topic=args.bind_topic, prefix=args.prefix, group=args.group, limit=args.limit)
+    listing = _call(
+        args, "ListLite", bind_topic=args.bind_topic, prefix=args.prefix, group=args.group, limit=args.limit
+    )
     groups = ", ".join(listing["groups"]) or "-"
     lines = [f"{listing['bind_topic']}  {len(listing['lite_topics'])} lite topics  lite groups: {groups}"]
     for t in listing["lite_topics"]:

@@ -41,14 +41,16 @@ def certificate_hosts(listen: str, advertise: str) -> list[str]:
     return hosts
 
 
-def certificate_files(store: str | Path, cert_file: str = "", key_file: str = "",
-                      hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS) -> tuple[str, str]:
+def certificate_files(
+    store: str | Path, cert_file: str = "", key_file: str = "", hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS
+) -> tuple[str, str]:
     """The certificate and key `serve` uses: the user's pair, or the store's self-signed one
     (created when missing, expired, or not naming every host in `hosts`)."""
     if cert_file or key_file:
         if not (cert_file and key_file):
-            raise ValueError("--tls-cert and --tls-key go together: give both files, or neither for a "
-                             "self-signed certificate")
+            raise ValueError(
+                "--tls-cert and --tls-key go together: give both files, or neither for a self-signed certificate"
+            )
         for path in (cert_file, key_file):
             if not os.path.isfile(path):
                 raise ValueError(f"TLS file {path} does not exist")
@@ -94,12 +96,14 @@ def _write_self_signed(directory: Path, hosts) -> None:
             names.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             names.append(x509.DNSName(host))
-    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tidemq"),
-                         x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tidemq"), x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]
+    )
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
-        .subject_name(subject).issuer_name(subject)
+        .subject_name(subject)
+        .issuer_name(subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))  # clocks of clients a little behind
@@ -108,15 +112,27 @@ def _write_self_signed(directory: Path, hosts) -> None:
         # its own issuer: grpc's default root store (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) keeps only
         # certificates that may issue, so that a client can trust this one file
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, content_commitment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                     crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(key, hashes.SHA256())
     )
     directory.mkdir(parents=True, exist_ok=True)
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     # the key first: a certificate on disk always has its key beside it
     _write_atomically(directory / KEY_FILE, key_pem, 0o600)
     _write_atomically(directory / CERT_FILE, certificate.public_bytes(serialization.Encoding.PEM), 0o644)

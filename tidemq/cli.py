@@ -32,7 +32,9 @@ def _store_inspect(args: argparse.Namespace) -> int:
     from .store.dispatch.lag import offline_lags
 
     lags = offline_lags(Path(args.dir), log_end, covered)
-    print(f"dispatch lag: {max((behind for behind, _ in lags.values()), default=0)} bytes behind the log end, per index:")
+    print(
+        f"dispatch lag: {max((behind for behind, _ in lags.values()), default=0)} bytes behind the log end, per index:"
+    )
     for sink, (behind, millis) in lags.items():
         print(f"  {sink}: {behind} bytes, {millis} ms behind")
     print(f"queues: {len(queues)}")
@@ -45,8 +47,10 @@ def _store_inspect(args: argparse.Namespace) -> int:
     files = sum(1 for q in queues if q.topic.startswith("%LMQ%"))
     if light is not None or files:
         count, dispatched = light or (0, 0)
-        print(f"light queues: {count + files} ({count} in the key-value tables, dispatched to offset {dispatched}; "
-              f"{files} file queues)")
+        print(
+            f"light queues: {count + files} ({count} in the key-value tables, dispatched to offset {dispatched}; "
+            f"{files} file queues)"
+        )
     return 0
 
 
@@ -147,15 +151,18 @@ def _verbose_after_subcommands(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 if "-v" not in sub._option_string_actions:
-                    sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                                     help="log at debug level")
+                    sub.add_argument(
+                        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at debug level"
+                    )
                 _verbose_after_subcommands(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except Exception as exc:  # the command's user gets one line, not a traceback

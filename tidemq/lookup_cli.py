@@ -51,11 +51,15 @@ def _describe(m: dict) -> list[str]:
     body = f"{m['body_size']} bytes" + (", compressed" if m["compressed"] else "")
     lines = [
         f"message {m['message_id'] or '-'}  offset id {m['offset_msg_id']}",
-        (f"  topic {m['topic']}  queue {m['queue_id']}  queue offset {m['queue_offset']}"
-         f"  commit-log offset {m['commit_log_offset']}"),
+        (
+            f"  topic {m['topic']}  queue {m['queue_id']}  queue offset {m['queue_offset']}"
+            f"  commit-log offset {m['commit_log_offset']}"
+        ),
         f"  tags {m['tags'] or '-'}  keys [{' '.join(m['keys'])}]",
-        (f"  stored {_time(m['store_timestamp'])} ({m['store_timestamp']}) on {m['store_host']}"
-         f"  born {_time(m['born_timestamp'])} on {m['born_host']}  reconsumed {m['reconsume_times']}"),
+        (
+            f"  stored {_time(m['store_timestamp'])} ({m['store_timestamp']}) on {m['store_host']}"
+            f"  born {_time(m['born_timestamp'])} on {m['born_host']}  reconsumed {m['reconsume_times']}"
+        ),
         "  properties " + json.dumps(m["properties"], sort_keys=True),
         f"  body {body}" + (": " + m["body_text"] if m["body_text"] is not None else " (not printable text)"),
     ]
@@ -68,21 +72,36 @@ def _message_show(args) -> int:
 
 
 def _message_query(args) -> int:
-    answer = _call(args, "QueryMessages", topic=args.topic, key=args.key, tag=args.tag,
-                   begin=args.begin, end=args.end, max_num=args.max)
+    answer = _call(
+        args,
+        "QueryMessages",
+        topic=args.topic,
+        key=args.key,
+        tag=args.tag,
+        begin=args.begin,
+        end=args.end,
+        max_num=args.max,
+    )
     found = answer["messages"]
     lines = [line for m in found for line in _describe(m)]
-    lines.append(f"{len(found)} message(s)" + ("" if answer["complete"] else "; more may match (narrow with --begin/--end)"))
+    lines.append(
+        f"{len(found)} message(s)" + ("" if answer["complete"] else "; more may match (narrow with --begin/--end)")
+    )
     _print(args, answer, lines)
     return 0 if found else 1
 
 
 def _dlq_resend(args) -> int:
     answer = _call(args, "ResendDeadLetters", group=args.group, id=args.id)
-    lines = [f"resent {r['offset_msg_id']} (message {r['message_id']}) to {r['topic']}/{r['queue_id']}"
-             f" as {r['new_offset_msg_id']}" for r in answer["resent"]]
+    lines = [
+        f"resent {r['offset_msg_id']} (message {r['message_id']}) to {r['topic']}/{r['queue_id']}"
+        f" as {r['new_offset_msg_id']}"
+        for r in answer["resent"]
+    ]
     lines += [f"failed {f['offset_msg_id']}: {f['error']}" for f in answer["failed"]]
-    lines.append(f"{answer['topic']}: {len(answer['resent'])} resent, {len(answer['already_resent'])} resent before,"
-                 f" {len(answer['failed'])} failed")
+    lines.append(
+        f"{answer['topic']}: {len(answer['resent'])} resent, {len(answer['already_resent'])} resent before,"
+        f" {len(answer['failed'])} failed"
+    )
     _print(args, answer, lines)
     return 1 if answer["failed"] else 0

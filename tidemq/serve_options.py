@@ -55,62 +55,151 @@ OPTIONS = [
     ("--listen", "grpcListenAddress", "listen", "gRPC HOST:PORT (default 127.0.0.1:8081; port 0 picks one)"),
     ("--flush", "flushDiskType", "flush", "async | sync (ASYNC_FLUSH | SYNC_FLUSH)"),
     ("--auto-create-topic", "autoCreateTopicEnable", "auto_create_topic", "create topics on first use (true|false)"),
-    ("--auto-create-group", "autoCreateSubscriptionGroup", "auto_create_group", "create groups on first use (true|false)"),
+    (
+        "--auto-create-group",
+        "autoCreateSubscriptionGroup",
+        "auto_create_group",
+        "create groups on first use (true|false)",
+    ),
     ("--default-queues", "defaultTopicQueueNums", "default_queues", "queues of an auto-created topic (default 8)"),
     ("--broker-name", "brokerName", "broker_name", "broker name in routes"),
     ("--advertise", "advertisedAddress", "advertise", "HOST:PORT put in routes (default: the address the client used)"),
     ("--segment-size", "mappedFileSizeCommitLog", "segment_size", "commit-log segment bytes"),
     ("--retention-hours", "fileReservedTime", "retention_hours", "hours a commit-log segment is kept"),
     ("--max-message-size", "maxMessageSize", "max_message_size", "largest message body in bytes"),
-    ("--disk-space-warning-level-ratio", "diskSpaceWarningLevelRatio", "disk_space_warning_level_ratio",
-     "sends are refused (TOO_MANY_REQUESTS) while the store's disk is more used than this percentage (default 90)"),
-    ("--append-crc-property", "enabledAppendPropCRC", "append_crc_property",
-     "append RocketMQ's whole-record CRC property (__CRC32#) to each record (true|false)"),
-    ("--long-polling-timeout-ms", "grpcClientConsumerLongPollingTimeoutMillis", "long_polling_timeout_ms",
-     "long polling time told to push consumers"),
+    (
+        "--disk-space-warning-level-ratio",
+        "diskSpaceWarningLevelRatio",
+        "disk_space_warning_level_ratio",
+        "sends are refused (TOO_MANY_REQUESTS) while the store's disk is more used than this percentage (default 90)",
+    ),
+    (
+        "--append-crc-property",
+        "enabledAppendPropCRC",
+        "append_crc_property",
+        "append RocketMQ's whole-record CRC property (__CRC32#) to each record (true|false)",
+    ),
+    (
+        "--long-polling-timeout-ms",
+        "grpcClientConsumerLongPollingTimeoutMillis",
+        "long_polling_timeout_ms",
+        "long polling time told to push consumers",
+    ),
     ("--grace-seconds", "shutdownGraceSeconds", "grace_seconds", "time in-flight calls get at shutdown"),
-    ("--auto-renew-invisible-time-ms", "defaultInvisibleTimeMills", "auto_renew_invisible_time_ms",
-     "invisible time the broker picks for push consumers (auto-renew)"),
-    ("--renew-ahead-ms", "renewAheadTimeMillis", "renew_ahead_ms", "renew an auto-renewed message this long before its deadline"),
+    (
+        "--auto-renew-invisible-time-ms",
+        "defaultInvisibleTimeMills",
+        "auto_renew_invisible_time_ms",
+        "invisible time the broker picks for push consumers (auto-renew)",
+    ),
+    (
+        "--renew-ahead-ms",
+        "renewAheadTimeMillis",
+        "renew_ahead_ms",
+        "renew an auto-renewed message this long before its deadline",
+    ),
     ("--renew-interval-ms", "renewSchedulePeriodMillis", "renew_interval_ms", "how often auto-renewal runs"),
-    ("--transaction-timeout-ms", "transactionTimeOut", "transaction_timeout_ms",
-     "a half message is checked back no sooner than this after its birth"),
-    ("--transaction-check-max", "transactionCheckMax", "transaction_check_max",
-     "check-backs of a half message before it is dropped to TRANS_CHECK_MAX_TIME_TOPIC"),
-    ("--transaction-check-interval-ms", "transactionCheckInterval", "transaction_check_interval_ms",
-     "time between check-backs of an open transaction"),
-    ("--priority-retry-first-percent", "popFromRetryProbabilityForPriority", "priority_retry_first_percent",
-     ("share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
-      "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)")),
-    ("--lite-subscription-quota", "liteSubClientQuota", "lite_subscription_quota",
-     "lite topics one lite consumer may subscribe (default 1200)"),
-    ("--lite-topic-quota", "maxLiteTopicCount", "lite_topic_quota",
-     "lite topics one bind topic may hold (default 10000000)"),
-    ("--timer-max-delay-sec", "timerMaxDelaySec", "timer_max_delay_sec",
-     "how far ahead a delay message's delivery time may be (default one day)"),
-    ("--event-loop", "eventLoop", "event_loop",
-     "auto | uvloop | asyncio (auto: uvloop when installed, it takes less CPU per call)"),
+    (
+        "--transaction-timeout-ms",
+        "transactionTimeOut",
+        "transaction_timeout_ms",
+        "a half message is checked back no sooner than this after its birth",
+    ),
+    (
+        "--transaction-check-max",
+        "transactionCheckMax",
+        "transaction_check_max",
+        "check-backs of a half message before it is dropped to TRANS_CHECK_MAX_TIME_TOPIC",
+    ),
+    (
+        "--transaction-check-interval-ms",
+        "transactionCheckInterval",
+        "transaction_check_interval_ms",
+        "time between check-backs of an open transaction",
+    ),
+    (
+        "--priority-retry-first-percent",
+        "popFromRetryProbabilityForPriority",
+        "priority_retry_first_percent",
+        (
+            "share of a priority topic's pops (0-100) that serve a level's redeliveries before its fresh messages "
+            "(default 0: a redelivery ranks just below the fresh messages of its level, above every lower level)"
+        ),
+    ),
+    (
+        "--lite-subscription-quota",
+        "liteSubClientQuota",
+        "lite_subscription_quota",
+        "lite topics one lite consumer may subscribe (default 1200)",
+    ),
+    (
+        "--lite-topic-quota",
+        "maxLiteTopicCount",
+        "lite_topic_quota",
+        "lite topics one bind topic may hold (default 10000000)",
+    ),
+    (
+        "--timer-max-delay-sec",
+        "timerMaxDelaySec",
+        "timer_max_delay_sec",
+        "how far ahead a delay message's delivery time may be (default one day)",
+    ),
+    (
+        "--event-loop",
+        "eventLoop",
+        "event_loop",
+        "auto | uvloop | asyncio (auto: uvloop when installed, it takes less CPU per call)",
+    ),
     # TLS
-    ("--tls", "tlsServerMode", "tls",
-     "off | permissive | required: TLS and plaintext on the one port (default permissive: both)"),
-    ("--tls-cert", "tlsCertPath", "tls_cert",
-     "PEM certificate (chain) for TLS (default: a self-signed one created under STORE/config/tls/)"),
+    (
+        "--tls",
+        "tlsServerMode",
+        "tls",
+        "off | permissive | required: TLS and plaintext on the one port (default permissive: both)",
+    ),
+    (
+        "--tls-cert",
+        "tlsCertPath",
+        "tls_cert",
+        "PEM certificate (chain) for TLS (default: a self-signed one created under STORE/config/tls/)",
+    ),
     ("--tls-key", "tlsKeyPath", "tls_key", "PEM private key of --tls-cert"),
-    ("--max-concurrent-streams", "grpcMaxConcurrentStreams", "max_concurrent_streams",
-     "streams (calls) one connection may have open at once (default 1000)"),
-    ("--idle-timeout-ms", "grpcClientIdleTimeMills", "idle_timeout_ms",
-     "a connection without a call this long is closed (default 120000)"),
-    ("--preface-timeout-ms", "grpcPrefaceTimeoutMillis", "preface_timeout_ms",
-     "time a new connection gets to start HTTP/2 (default 10000)"),
-    ("--write-stall-timeout-ms", "grpcWriteStallTimeoutMillis", "write_stall_timeout_ms",
-     "a client that reads nothing of what is written to it this long is dropped (default 30000)"),
+    (
+        "--max-concurrent-streams",
+        "grpcMaxConcurrentStreams",
+        "max_concurrent_streams",
+        "streams (calls) one connection may have open at once (default 1000)",
+    ),
+    (
+        "--idle-timeout-ms",
+        "grpcClientIdleTimeMills",
+        "idle_timeout_ms",
+        "a connection without a call this long is closed (default 120000)",
+    ),
+    (
+        "--preface-timeout-ms",
+        "grpcPrefaceTimeoutMillis",
+        "preface_timeout_ms",
+        "time a new connection gets to start HTTP/2 (default 10000)",
+    ),
+    (
+        "--write-stall-timeout-ms",
+        "grpcWriteStallTimeoutMillis",
+        "write_stall_timeout_ms",
+        "a client that reads nothing of what is written to it this long is dropped (default 30000)",
+    ),
     ("--max-connections", "grpcMaxConnections", "max_connections", "connections served at once (default 4096)"),
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 # RocketMQ's tls.server.mode names (disabled | permissive | enforcing) are accepted too
-_TLS_MODES = {"off": "off", "permissive": "permissive", "required": "required", "disabled": "off",
-              "enforcing": "required"}
+_TLS_MODES = {
+    "off": "off",
+    "permissive": "permissive",
+    "required": "required",
+    "disabled": "off",
+    "enforcing": "required",
+}
 
 
 def _convert(option: str, value):
@@ -127,7 +216,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServeOptions()
     for flag, key, option, text in OPTIONS:
         default = getattr(defaults, option)
-        shown = "false" if default is False else "true" if default is True else repr(default) if default == "" else default
+        shown = (
+            "false" if default is False else "true" if default is True else repr(default) if default == "" else default
+        )
         text = text if "default" in text else f"{text} (default {shown})"
         parser.add_argument(flag, dest=option, default=None, help=f"{text} [config key {key}]")
 
@@ -156,10 +247,14 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
         raise ValueError(f"--tls must be off, permissive or required, not {options.tls!r}")
     options.tls = _TLS_MODES[options.tls]
     if not 0 <= options.priority_retry_first_percent <= 100:
-        raise ValueError(f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}")
+        raise ValueError(
+            f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}"
+        )
     if not 1 <= options.disk_space_warning_level_ratio <= 100:
-        raise ValueError(f"disk space warning level ratio must be within 1-100 (percent), not "
-                         f"{options.disk_space_warning_level_ratio}")
+        raise ValueError(
+            f"disk space warning level ratio must be within 1-100 (percent), not "
+            f"{options.disk_space_warning_level_ratio}"
+        )
     http2_limits(options)  # refuses a limit out of its range
     return options
 
@@ -168,6 +263,10 @@ def http2_limits(options: ServeOptions):
     """The HTTP/2 server's limits that `options` set."""
     from .protocol.http2 import Limits
 
-    return Limits(max_concurrent_streams=options.max_concurrent_streams, idle_timeout_s=options.idle_timeout_ms / 1000,
-                  preface_timeout_s=options.preface_timeout_ms / 1000,
-                  write_stall_timeout_s=options.write_stall_timeout_ms / 1000, max_connections=options.max_connections)
+    return Limits(
+        max_concurrent_streams=options.max_concurrent_streams,
+        idle_timeout_s=options.idle_timeout_ms / 1000,
+        preface_timeout_s=options.preface_timeout_ms / 1000,
+        write_stall_timeout_s=options.write_stall_timeout_ms / 1000,
+        max_connections=options.max_connections,
+    )

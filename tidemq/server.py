@@ -28,24 +28,33 @@ INFLATED_ENVELOPE = 64 << 10  # a request's octets besides the body: properties,
 class Server:
     """One broker process: store + broker + gRPC server on one port."""
 
-    def __init__(self, options: ServeOptions, broker_config: BrokerConfig | None = None,
-                 store_config: StoreConfig | None = None) -> None:
+    def __init__(
+        self, options: ServeOptions, broker_config: BrokerConfig | None = None, store_config: StoreConfig | None = None
+    ) -> None:
         self.options = options
         host = options.listen.rpartition(":")[0] or "127.0.0.1"
         self.store_config = store_config or StoreConfig(
-            flush=options.flush, segment_size=options.segment_size, retention_hours=options.retention_hours,
-            max_message_size=options.max_message_size, store_host=(host if host[0].isdigit() else "127.0.0.1", 10911),
+            flush=options.flush,
+            segment_size=options.segment_size,
+            retention_hours=options.retention_hours,
+            max_message_size=options.max_message_size,
+            store_host=(host if host[0].isdigit() else "127.0.0.1", 10911),
             append_crc_property=options.append_crc_property,
             disk_space_warning_level_ratio=options.disk_space_warning_level_ratio,
         )
         self.broker_config = broker_config or BrokerConfig(
-            auto_create_topic_enable=options.auto_create_topic, auto_create_subscription_group=options.auto_create_group,
-            default_topic_queue_nums=options.default_queues, broker_name=options.broker_name,
-            advertised_address=options.advertise, max_message_size=options.max_message_size,
+            auto_create_topic_enable=options.auto_create_topic,
+            auto_create_subscription_group=options.auto_create_group,
+            default_topic_queue_nums=options.default_queues,
+            broker_name=options.broker_name,
+            advertised_address=options.advertise,
+            max_message_size=options.max_message_size,
             long_polling_timeout_ms=options.long_polling_timeout_ms,
             auto_renew_invisible_time_ms=options.auto_renew_invisible_time_ms,
-            renew_ahead_ms=options.renew_ahead_ms, renew_interval_ms=options.renew_interval_ms,
-            transaction_timeout_ms=options.transaction_timeout_ms, transaction_check_max=options.transaction_check_max,
+            renew_ahead_ms=options.renew_ahead_ms,
+            renew_interval_ms=options.renew_interval_ms,
+            transaction_timeout_ms=options.transaction_timeout_ms,
+            transaction_check_max=options.transaction_check_max,
             transaction_check_interval_ms=options.transaction_check_interval_ms,
             priority_retry_first_percent=options.priority_retry_first_percent,
             lite_subscription_quota=options.lite_subscription_quota,
@@ -67,10 +76,12 @@ class Server:
         service = self.service = MessagingService(self.broker)
         # the broker judges a body's size (and answers MESSAGE_BODY_TOO_LARGE): the transport's own
         # limit is well above it; a compressed request inflates to a body and its envelope at most
-        server = GrpcServer({**service.methods(), **admin_methods(self.broker)},
-                            max_receive_message_length=4 * self.options.max_message_size,
-                            max_inflated_message_length=self.options.max_message_size + INFLATED_ENVELOPE,
-                            limits=http2_limits(self.options))
+        server = GrpcServer(
+            {**service.methods(), **admin_methods(self.broker)},
+            max_receive_message_length=4 * self.options.max_message_size,
+            max_inflated_message_length=self.options.max_message_size + INFLATED_ENVELOPE,
+            limits=http2_limits(self.options),
+        )
         listener.served = server.connection_count  # connections being sniffed count toward the cap too
         self.port = await server.start(self.options.listen, listener)
         host = self.options.listen.rpartition(":")[0]
@@ -101,8 +112,9 @@ def tls_listener(options: ServeOptions) -> SniffingListener:
         except ssl.SSLError as exc:
             raise ValueError(f"TLS certificate {cert_file} with key {key_file}: {exc.reason or exc}") from None
         log.info("TLS %s: certificate %s", options.tls, cert_file)
-    return SniffingListener(options.tls, context, preface_timeout=options.preface_timeout_ms / 1000,
-                            max_connections=options.max_connections)
+    return SniffingListener(
+        options.tls, context, preface_timeout=options.preface_timeout_ms / 1000, max_connections=options.max_connections
+    )
 
 
 async def serve(options: ServeOptions) -> None:
@@ -117,8 +129,14 @@ async def serve(options: ServeOptions) -> None:
         await server.stop()
         raise
     host = options.listen.rpartition(":")[0]
-    log.info("tidemq ready: gRPC on %s:%d, store %s, %s flush, %s event loop", host, port, options.store, options.flush,
-             type(loop).__module__.partition(".")[0])
+    log.info(
+        "tidemq ready: gRPC on %s:%d, store %s, %s flush, %s event loop",
+        host,
+        port,
+        options.store,
+        options.flush,
+        type(loop).__module__.partition(".")[0],
+    )
     await stop.wait()
     log.info("shutting down: no new calls, finishing in-flight ones")
     await server.stop()

@@ -10,7 +10,20 @@ from .sessions import PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER, ServerSettings
 from .types import Publish, Received, ReceiveRequest, SendResult
 
 __all__ = [
-    "admin", "Broker", "BrokerConfig", "BrokerError", "Code", "GroupConfig", "TopicConfig",
-    "dead_letter_topic", "PRODUCER", "PUSH_CONSUMER", "SIMPLE_CONSUMER", "ServerSettings",
-    "Publish", "Received", "ReceiveRequest", "SendResult",
+    "admin",
+    "Broker",
+    "BrokerConfig",
+    "BrokerError",
+    "Code",
+    "GroupConfig",
+    "TopicConfig",
+    "dead_letter_topic",
+    "PRODUCER",
+    "PUSH_CONSUMER",
+    "SIMPLE_CONSUMER",
+    "ServerSettings",
+    "Publish",
+    "Received",
+    "ReceiveRequest",
+    "SendResult",
 ]

@@ -49,8 +49,9 @@ def delivered_body(body: bytes, sysflag: int) -> tuple[bytes, bool]:
         return body, True
     plain = _inflate(body, 15)
     if plain is None:
-        log.warning("a body flagged zlib-compressed does not inflate to at most %d octets; it is given as stored",
-                    MAX_INFLATED)
+        log.warning(
+            "a body flagged zlib-compressed does not inflate to at most %d octets; it is given as stored", MAX_INFLATED
+        )
         return body, False
     return plain, False
 

@@ -70,7 +70,9 @@ class Broker:
         self._filters: dict[tuple[str, str], Filter] = {}  # parsed filter expressions
         self.stats = dict.fromkeys(("sent", "delivered", "redelivered", "acked", "dead_lettered", "auto_renewals"), 0)
         self.publisher = Publisher(store, self.config, self.topic, self.stats)
-        self.transactions = self.publisher.transactions = Transactions(store, self.config, self.sessions, self.publisher.put)
+        self.transactions = self.publisher.transactions = Transactions(
+            store, self.config, self.sessions, self.publisher.put
+        )
         self._daemons: set[asyncio.Task] = set()  # background loops that run until close
         self.priority = PriorityPop(self.config.priority_retry_first_percent)
         self.timers = TimerService(store, store.directory / "config", self.clock, self.publisher.put)
@@ -228,8 +230,9 @@ class Broker:
 
     # -- clients --------------------------------------------------------------------------------
 
-    def client_settings(self, client_id: str, client_type: str, group: str, topics: list[str],
-                        fifo_requested: bool = False) -> ServerSettings:
+    def client_settings(
+        self, client_id: str, client_type: str, group: str, topics: list[str], fifo_requested: bool = False
+    ) -> ServerSettings:
         """`fifo_requested`: the client's settings ask for FIFO consumption, which makes its
         group FIFO (a group has one order mode for all its consumers)."""
         session = self.sessions.touch(client_id, self.clock())
@@ -299,7 +302,9 @@ class Broker:
             raise result
         return result
 
-    async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
+    async def send_batch(
+        self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1"
+    ) -> list[SendResult | BrokerError]:
         results = await self.publisher.send_batch(messages, peer_host)
         for i, msg in enumerate(messages):
             result = results[i]
@@ -372,8 +377,9 @@ class Broker:
             sub = self.subscriptions[(group, topic)] = Subscription(group, topic)
         return sub
 
-    def pop(self, sub: Subscription, topic: TopicConfig, group: GroupConfig, tag_filter: Filter,
-            req: ReceiveRequest) -> list[Received]:
+    def pop(
+        self, sub: Subscription, topic: TopicConfig, group: GroupConfig, tag_filter: Filter, req: ReceiveRequest
+    ) -> list[Received]:
         """Deliver up to `req.batch_size` messages: due redeliveries first, then new entries from
         every queue of the topic (a priority topic: level by level, highest first, as
         `priority.PriorityPop` orders them).  Synchronous: nothing else runs on the loop meanwhile."""
@@ -394,8 +400,11 @@ class Broker:
             self._redeliver(sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead, replaced)
 
         if topic.message_type == PRIORITY and fifo_state is None:
+
             def pop_level(qid: int) -> bool:
-                self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors, (qid,))
+                self._pop_new(
+                    sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors, (qid,)
+                )
                 return self._scan_incomplete
 
             self.priority.fill(sub, topic.queue_nums, batch, out, now, redeliver, pop_level)
@@ -407,8 +416,19 @@ class Broker:
                     break
                 redeliver(d)
             if len(out) < batch:
-                self._pop_new(sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
-                              fifo_state=fifo_state)
+                self._pop_new(
+                    sub,
+                    topic,
+                    tag_filter,
+                    batch,
+                    now,
+                    until,
+                    owner,
+                    out,
+                    journal_deliveries,
+                    cursors,
+                    fifo_state=fifo_state,
+                )
         if journal_deliveries or cursors:
             try:
                 self.journal.append(["p", sub.group, sub.topic, cursors, journal_deliveries])
@@ -441,12 +461,13 @@ class Broker:
         topics = lite.with_bind_topics({topic})
         return lambda: self.long_polling.notify(topics)
 
-    def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead,
-                   replaced) -> None:
+    def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead, replaced) -> None:
         """Deliver the due delivery `d` again, drop it (gone, or filtered out), or mark it for the
         dead-letter queue (past the group's max attempts); `replaced` gets the deliveries it replaces."""
         rec = self.store.read_record(d.commit_log_offset)
-        if rec is None or ((rec.queue_offset != d.queue_offset or rec.topic != sub.topic) and not lite.is_lmq(sub.topic)):
+        if rec is None or (
+            (rec.queue_offset != d.queue_offset or rec.topic != sub.topic) and not lite.is_lmq(sub.topic)
+        ):
             sub.finish(d.queue_id, d.queue_offset)  # gone (retention): nothing to deliver
             self._journal_done(sub, d)
             return
@@ -458,8 +479,9 @@ class Broker:
             dead.append(d)
             return
         self._generation += 1
-        again = Delivery(d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt + 1, until,
-                         self._generation, owner, now)
+        again = Delivery(
+            d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt + 1, until, self._generation, owner, now
+        )
         sub.deliver(again)
         replaced.append(d)
         journal_deliveries.append(delivery_fields(again))
@@ -472,7 +494,9 @@ class Broker:
         try:
             self.journal.append(["f", sub.group, sub.topic, d.queue_id, d.queue_offset])
         except JournalWriteError as exc:
-            log.warning("%s; %s/%d@%d is done, journaled at the next snapshot", exc, sub.topic, d.queue_id, d.queue_offset)
+            log.warning(
+                "%s; %s/%d@%d is done, journaled at the next snapshot", exc, sub.topic, d.queue_id, d.queue_offset
+            )
 
     def revive(self, now: int) -> int:
         """Move every delivery on its last attempt whose deadline has passed to the dead-letter
@@ -496,8 +520,21 @@ class Broker:
             sub.set_invisible(d.queue_id, d.queue_offset, now + 60_000, self._generation, "")
         self._spawn(self._dead_letter(sub, group, dead))
 
-    def _pop_new(self, sub, topic, tag_filter, batch, now, until, owner, out, journal_deliveries, cursors,
-                 queue_ids=None, fifo_state=None) -> None:
+    def _pop_new(
+        self,
+        sub,
+        topic,
+        tag_filter,
+        batch,
+        now,
+        until,
+        owner,
+        out,
+        journal_deliveries,
+        cursors,
+        queue_ids=None,
+        fifo_state=None,
+    ) -> None:
         """New entries of the topic's queues: `queue_ids` in that order, or every queue, starting
         one further at each pop.  `fifo_state`: a FIFO group's
         message-group chains, which hold back later messages of a busy message group."""
@@ -518,8 +555,12 @@ class Broker:
             cursor = max(q.cursor, low)
             high = store.max_offset(topic.name, qid)
             scanned = 0
-            while cursor < high and len(out) < batch and scanned < _SCAN_LIMIT and (
-                    fifo_state is None or fifo_state.has_room(qid)):
+            while (
+                cursor < high
+                and len(out) < batch
+                and scanned < _SCAN_LIMIT
+                and (fifo_state is None or fifo_state.has_room(qid))
+            ):
                 want = batch - len(out) if tag_filter is MATCH_ALL else min(64, high - cursor)
                 units = store.read_units(topic.name, qid, cursor, want)
                 if not units:
@@ -536,7 +577,9 @@ class Broker:
                         continue
                     self._generation += 1
                     if fifo_state is not None and not fifo_state.admit(qid, unit.queue_offset, rec):
-                        d = Delivery(qid, unit.queue_offset, unit.commit_log_offset, 0, fifo.HELD, self._generation, "", now)
+                        d = Delivery(
+                            qid, unit.queue_offset, unit.commit_log_offset, 0, fifo.HELD, self._generation, "", now
+                        )
                         sub.deliver(d)  # behind an earlier message of its message group
                         journal_deliveries.append(delivery_fields(d))
                         if not fifo_state.has_room(qid):
@@ -609,15 +652,19 @@ class Broker:
         self._check_names(group, topic)
         sub = self.subscriptions.get((group, topic))
         if sub is None:
-            return [BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired")
-                    for _ in handles]
+            return [
+                BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired")
+                for _ in handles
+            ]
         now = self.clock()
         results: list[BrokerError | None] = []
         done: dict[tuple[int, int], int] = {}  # (queue id, offset) -> index in results
         for handle in handles:
             d = sub.lookup(handle, now)
             if d is None or (d.queue_id, d.queue_offset) in done:
-                results.append(BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired"))
+                results.append(
+                    BrokerError(Code.INVALID_RECEIPT_HANDLE, "receipt handle is unknown, superseded or expired")
+                )
                 continue
             done[(d.queue_id, d.queue_offset)] = len(results)
             results.append(None)
@@ -635,8 +682,10 @@ class Broker:
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         """A new deadline `invisible_ms` from now; returns the new receipt handle."""
         if not 0 <= invisible_ms <= self.config.max_invisible_time_ms:
-            raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
-                              f"invisible time {invisible_ms} ms outside [0, {self.config.max_invisible_time_ms}] ms")
+            raise BrokerError(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible time {invisible_ms} ms outside [0, {self.config.max_invisible_time_ms}] ms",
+            )
         sub, d = self._delivery(group, topic, handle)
         self._generation += 1
         until = self.clock() + invisible_ms
@@ -682,17 +731,39 @@ class Broker:
                 properties.pop(lite.PROPERTY_MULTI_DISPATCH, None)  # the copy goes to the DLQ only
                 properties.pop(lite.PROPERTY_MULTI_QUEUE_OFFSET, None)
                 try:
-                    await self.publisher.put([Message(
-                        topic=dlq.name, body=rec.body_bytes, queue_id=0, properties=properties,
-                        flag=rec.flag, sysflag=rec.sysflag & bodies.BODY_FLAGS,
-                        born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=d.attempt,
-                    )])
+                    await self.publisher.put(
+                        [
+                            Message(
+                                topic=dlq.name,
+                                body=rec.body_bytes,
+                                queue_id=0,
+                                properties=properties,
+                                flag=rec.flag,
+                                sysflag=rec.sysflag & bodies.BODY_FLAGS,
+                                born_timestamp=rec.born_timestamp,
+                                born_host=rec.born_host,
+                                reconsume_times=d.attempt,
+                            )
+                        ]
+                    )
                 except BrokerError as exc:
-                    log.error("could not move %s/%d@%d to %s (%s); it stays in flight and is retried",
-                              rec.topic, d.queue_id, d.queue_offset, dlq.name, exc.message)
+                    log.error(
+                        "could not move %s/%d@%d to %s (%s); it stays in flight and is retried",
+                        rec.topic,
+                        d.queue_id,
+                        d.queue_offset,
+                        dlq.name,
+                        exc.message,
+                    )
                     continue
-                log.info("moved %s/%d@%d to %s after %d delivery attempts", rec.topic, d.queue_id,
-                         d.queue_offset, dlq.name, d.attempt)
+                log.info(
+                    "moved %s/%d@%d to %s after %d delivery attempts",
+                    rec.topic,
+                    d.queue_id,
+                    d.queue_offset,
+                    dlq.name,
+                    d.attempt,
+                )
                 self.stats["dead_lettered"] += 1
             if sub.finish(d.queue_id, d.queue_offset) is not None:
                 self._journal_done(sub, d)

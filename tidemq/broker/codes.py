@@ -70,7 +70,9 @@ def disk_refused(exc: OSError, what: str) -> BrokerError:
     call took effect): DISK_FULL for want of space, else INTERNAL_SERVER_ERROR."""
     reason = exc.strerror or str(exc)
     if exc.errno in _NO_SPACE:
-        return BrokerError(DISK_FULL, f"the broker's disk is full, {what} not recorded ({reason}); retry once space is freed")
+        return BrokerError(
+            DISK_FULL, f"the broker's disk is full, {what} not recorded ({reason}); retry once space is freed"
+        )
     return BrokerError(Code.INTERNAL_SERVER_ERROR, f"the broker's disk refused {what} ({reason}); retry later")
 
 

@@ -49,21 +49,34 @@ MESSAGE_TYPE_ATTRIBUTE = "message.type"
 # dataclass field -> RocketMQ key (queue_nums sets both read and write queue numbers)
 TOPIC_KEYS = {"name": "topicName", "perm": "perm"}
 TOPIC_ATTRIBUTE_KEYS = {"message_type": MESSAGE_TYPE_ATTRIBUTE}
-GROUP_KEYS = {"name": "groupName", "retry_max_times": "retryMaxTimes", "fifo": "consumeMessageOrderly",
-              "lite_bind_topic": "liteBindTopic"}
+GROUP_KEYS = {
+    "name": "groupName",
+    "retry_max_times": "retryMaxTimes",
+    "fifo": "consumeMessageOrderly",
+    "lite_bind_topic": "liteBindTopic",
+}
 
 # what RocketMQ 5.5.0 writes for a new entry, before tidemq's settings
 TOPIC_DEFAULTS = {"topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}
 GROUP_DEFAULTS: dict[str, Any] = {
-    "consumeEnable": True, "consumeFromMinEnable": True, "consumeBroadcastEnable": True,
-    "consumeMessageOrderly": False, "retryQueueNums": 1, "retryMaxTimes": 16, "brokerId": 0,
-    "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True, "groupSysFlag": 0,
-    "consumeTimeoutMinute": 15, "subscriptionDataSet": None, "attributes": {},
+    "consumeEnable": True,
+    "consumeFromMinEnable": True,
+    "consumeBroadcastEnable": True,
+    "consumeMessageOrderly": False,
+    "retryQueueNums": 1,
+    "retryMaxTimes": 16,
+    "brokerId": 0,
+    "whichBrokerWhenConsumeSlowly": 1,
+    "notifyConsumerIdsChangedEnable": True,
+    "groupSysFlag": 0,
+    "consumeTimeoutMinute": 15,
+    "subscriptionDataSet": None,
+    "attributes": {},
 }
 
 
 # fastjson writes a map's integer keys bare ({0:250,1:250}), which JSON does not allow
-_BARE_KEY = re.compile(r'([{,]\s*)(-?\d+)(\s*:)')
+_BARE_KEY = re.compile(r"([{,]\s*)(-?\d+)(\s*:)")
 
 
 def read_json(path: Path) -> dict | None:

@@ -21,7 +21,9 @@ from .pop_state import Subscription
 __all__ = ["ConsumerOffsets", "adopt_offsets", "consumed_offsets"]
 
 
-def adopt_offsets(subscriptions: dict[tuple[str, str], Subscription], offsets: dict[tuple[str, str], dict[int, int]]) -> None:
+def adopt_offsets(
+    subscriptions: dict[tuple[str, str], Subscription], offsets: dict[tuple[str, str], dict[int, int]]
+) -> None:
     """Move the subscriptions ((group, topic) -> Subscription) up to the file's offsets."""
     for (group, topic), queues in offsets.items():
         sub = subscriptions.get((group, topic))

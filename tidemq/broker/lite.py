@@ -45,7 +45,12 @@ PROPERTY_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 PROPERTY_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 SUBSCRIPTIONS_FILE = "liteSubscription.json"
 LITE_CONSUMER_TYPES = frozenset({"LITE_PUSH_CONSUMER", "LITE_SIMPLE_CONSUMER"})
-PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = "PARTIAL_ADD", "PARTIAL_REMOVE", "COMPLETE_ADD", "COMPLETE_REMOVE"
+PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = (
+    "PARTIAL_ADD",
+    "PARTIAL_REMOVE",
+    "COMPLETE_ADD",
+    "COMPLETE_REMOVE",
+)
 # a COMPLETE_ADD may carry this many topics above the quota (RocketMQ's proxy tolerance); the set
 # kept is still held to the quota
 _REQUEST_SLACK = 300
@@ -64,7 +69,7 @@ def parse_lite_queue(name: str) -> tuple[str, str] | None:
     """(bind topic, lite topic) of a lite topic's light queue, None for any other name."""
     if not name.startswith(LITE_PREFIX):
         return None
-    parts = name[len(LITE_PREFIX):].split(LITE_SEPARATOR)
+    parts = name[len(LITE_PREFIX) :].split(LITE_SEPARATOR)
     if len(parts) != 2 or not parts[0] or not parts[1]:
         return None
     return parts[0], parts[1]
@@ -93,7 +98,7 @@ def check_lmq_name(name: str, config) -> None:
         validation.check_topic_name(lite[0], config)
         validation.check_lite_topic(lite[1], config.max_lite_topic_size)
         return
-    rest = name[len(LMQ_PREFIX):]
+    rest = name[len(LMQ_PREFIX) :]
     if not rest or len(name) > config.max_topic_length or not validation.valid_name(rest):
         raise BrokerError(Code.ILLEGAL_TOPIC, f"light queue name {name!r} is not %LMQ% and a topic name")
 
@@ -153,15 +158,27 @@ class LiteSubscriptions:
         for client_id, entry in (document.get("subscriptions") or {}).items():
             try:
                 topics = {str(t) for t in entry["liteTopicSet"]}
-                self.clients[str(client_id)] = ClientLite(str(entry["group"]), str(entry["topic"]), topics,
-                                                          int(entry.get("version", -1)), now)
+                self.clients[str(client_id)] = ClientLite(
+                    str(entry["group"]), str(entry["topic"]), topics, int(entry.get("version", -1)), now
+                )
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("%s: the lite subscriptions of client %r left out: unreadable (%s)", path, client_id, exc)
 
     def save(self) -> None:
-        write_json(self.path, {"subscriptions": {
-            client_id: {"group": c.group, "topic": c.bind_topic, "liteTopicSet": sorted(c.topics), "version": c.version}
-            for client_id, c in self.clients.items()}})
+        write_json(
+            self.path,
+            {
+                "subscriptions": {
+                    client_id: {
+                        "group": c.group,
+                        "topic": c.bind_topic,
+                        "liteTopicSet": sorted(c.topics),
+                        "version": c.version,
+                    }
+                    for client_id, c in self.clients.items()
+                }
+            },
+        )
 
     def subscribers(self, group: str | None, bind_topic: str) -> dict[str, int]:
         """Per lite topic of `bind_topic`, how many clients (of `group`, or of any) subscribe it."""
@@ -206,8 +223,10 @@ class Lite:
         if bound == topic_name:
             return
         if bound:
-            raise BrokerError(Code.ILLEGAL_TOPIC, f"consumer group {group.name!r} is a lite group of topic {bound!r}, "
-                              f"not of {topic_name!r}")
+            raise BrokerError(
+                Code.ILLEGAL_TOPIC,
+                f"consumer group {group.name!r} is a lite group of topic {bound!r}, not of {topic_name!r}",
+            )
         if any(g == group.name and not is_lmq(t) for g, t in broker.subscriptions):
             raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, f"consumer group {group.name!r} is not a lite group")
         log.info("consumer group %s made a lite group of topic %s", group.name, topic_name)
@@ -221,24 +240,38 @@ class Lite:
     def check_receive(self, group: GroupConfig, topic: TopicConfig) -> None:
         bound = group.lite_bind_topic or ""
         if not bound:
-            raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP,
-                              f"topic {topic.name!r} is a LITE topic: consumer group {group.name!r} is not a lite group of it")
+            raise BrokerError(
+                Code.ILLEGAL_CONSUMER_GROUP,
+                f"topic {topic.name!r} is a LITE topic: consumer group {group.name!r} is not a lite group of it",
+            )
         if bound != topic.name:
-            raise BrokerError(Code.ILLEGAL_TOPIC, f"consumer group {group.name!r} is a lite group of topic {bound!r}, "
-                              f"not of {topic.name!r}")
+            raise BrokerError(
+                Code.ILLEGAL_TOPIC,
+                f"consumer group {group.name!r} is a lite group of topic {bound!r}, not of {topic.name!r}",
+            )
 
     # -- subscriptions ------------------------------------------------------------------------
 
-    def sync(self, client_id: str, group_name: str, bind_topic: str, action: str, names: list[str],
-             version: int | None = None, offset: OffsetOption | None = None) -> None:
+    def sync(
+        self,
+        client_id: str,
+        group_name: str,
+        bind_topic: str,
+        action: str,
+        names: list[str],
+        version: int | None = None,
+        offset: OffsetOption | None = None,
+    ) -> None:
         """SyncLiteSubscription: change the client's set; nothing changes on a refusal."""
         broker = self.broker
         validation.check_group_name(group_name, self.config)
         validation.check_topic_name(bind_topic, self.config)
         quota = self.config.lite_subscription_quota
         if len(names) > quota + _REQUEST_SLACK:
-            raise BrokerError(Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
-                              f"{len(names)} lite topics in one request, more than the quota {quota} + {_REQUEST_SLACK}")
+            raise BrokerError(
+                Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
+                f"{len(names)} lite topics in one request, more than the quota {quota} + {_REQUEST_SLACK}",
+            )
         for name in names:
             validation.check_lite_topic(name, self.config.max_lite_topic_size)
         group = broker.group(group_name)
@@ -261,8 +294,10 @@ class Lite:
         else:
             raise BrokerError(Code.BAD_REQUEST, f"unknown lite subscription action {action!r}")
         if len(after) > quota and len(after) > len(before):
-            raise BrokerError(Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
-                              f"client {client_id} would subscribe {len(after)} lite topics, more than the quota {quota}")
+            raise BrokerError(
+                Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
+                f"client {client_id} would subscribe {len(after)} lite topics, more than the quota {quota}",
+            )
         for name in sorted(after - before):
             self._start(group_name, lmq_name(bind_topic, name), offset)
         client.topics, client.seen = after, now
@@ -280,8 +315,9 @@ class Lite:
     def _start(self, group: str, queue: str, offset: OffsetOption | None) -> None:
         """Place the group's read cursor on a newly subscribed light queue as `offset` asks: a
         group that never read it starts at its first message; a cursor only moves forward."""
-        if offset is None or (offset.policy == "LAST" and offset.offset is None and offset.tail_n is None
-                              and offset.timestamp is None):
+        if offset is None or (
+            offset.policy == "LAST" and offset.offset is None and offset.tail_n is None and offset.timestamp is None
+        ):
             return
         store = self.broker.store
         low, high = store.min_offset(queue, 0), store.max_offset(queue, 0)
@@ -314,8 +350,11 @@ class Lite:
     def expire(self, now: int) -> None:
         """Remove the sets of clients not alive for `client_expire_ms`."""
         sessions = self.broker.sessions
-        gone = [cid for cid, c in self.table.clients.items()
-                if not sessions.alive(cid, now) and now - max(c.seen, _last_seen(sessions, cid)) >= sessions.expire_ms]
+        gone = [
+            cid
+            for cid, c in self.table.clients.items()
+            if not sessions.alive(cid, now) and now - max(c.seen, _last_seen(sessions, cid)) >= sessions.expire_ms
+        ]
         for client_id in gone:
             log.info("lite subscriptions of client %s removed: it is gone", client_id)
             self.client_gone(client_id)
@@ -370,7 +409,9 @@ class Lite:
                     try:
                         outbox.put_nowait(UnsubscribeLite(lite_topic))
                     except asyncio.QueueFull:
-                        log.warning("client %s not told of its dropped lite topic %s: its outbox is full", client_id, lite_topic)
+                        log.warning(
+                            "client %s not told of its dropped lite topic %s: its outbox is full", client_id, lite_topic
+                        )
         if told:
             self.table.save()
         return told
@@ -389,8 +430,10 @@ class Lite:
             if count is None:
                 count = self._counts[bind_topic] = self.count(bind_topic)
             if count >= self.config.lite_topic_quota:
-                raise BrokerError(Code.LITE_TOPIC_QUOTA_EXCEEDED,
-                                  f"topic {bind_topic!r} has {self.config.lite_topic_quota} lite topics, its quota")
+                raise BrokerError(
+                    Code.LITE_TOPIC_QUOTA_EXCEEDED,
+                    f"topic {bind_topic!r} has {self.config.lite_topic_quota} lite topics, its quota",
+                )
             self._counts[bind_topic] = count + 1
             if len(self._opened) >= _OPENED_LIMIT:  # counted again at the next new lite topic
                 self._opened.clear()
@@ -438,8 +481,15 @@ class Lite:
                 continue
             sub = sub or broker._subscription(group.name, queue)
             try:
-                out.extend(broker.pop(sub, light_queue_config(queue), group, tag_filter,
-                                      dataclasses.replace(req, batch_size=batch - len(out))))
+                out.extend(
+                    broker.pop(
+                        sub,
+                        light_queue_config(queue),
+                        group,
+                        tag_filter,
+                        dataclasses.replace(req, batch_size=batch - len(out)),
+                    )
+                )
             except BrokerError:
                 if out:  # the journal refused this queue's pop: hand over what the others gave
                     break
@@ -449,8 +499,11 @@ class Lite:
     def next_due(self, client_id: str, bind: TopicConfig, group: GroupConfig) -> int | None:
         """The earliest retry deadline among the client's lite topics."""
         subscriptions = self.broker.subscriptions
-        dues = [sub.next_due() for sub in (subscriptions.get((group.name, q)) for q in self._queues_of(client_id, bind, group))
-                if sub is not None]
+        dues = [
+            sub.next_due()
+            for sub in (subscriptions.get((group.name, q)) for q in self._queues_of(client_id, bind, group))
+            if sub is not None
+        ]
         return min((due for due in dues if due is not None), default=None)
 
     def _queues_of(self, client_id: str, bind: TopicConfig, group: GroupConfig) -> list[str]:

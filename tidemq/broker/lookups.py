@@ -50,12 +50,23 @@ def describe(rec: record.Record) -> dict:
     except (OSError, EOFError, UnicodeDecodeError):
         pass
     return {
-        "offset_msg_id": rec.msg_id, "message_id": rec.unique_key, "topic": rec.topic,
-        "queue_id": rec.queue_id, "queue_offset": rec.queue_offset, "commit_log_offset": rec.commit_log_offset,
-        "tags": rec.tags, "keys": rec.keys, "properties": dict(rec.properties),
-        "store_timestamp": rec.store_timestamp, "born_timestamp": rec.born_timestamp,
-        "store_host": "{}:{}".format(*rec.store_host), "born_host": "{}:{}".format(*rec.born_host),
-        "reconsume_times": rec.reconsume_times, "body_size": len(body), "compressed": compressed, "body_text": text,
+        "offset_msg_id": rec.msg_id,
+        "message_id": rec.unique_key,
+        "topic": rec.topic,
+        "queue_id": rec.queue_id,
+        "queue_offset": rec.queue_offset,
+        "commit_log_offset": rec.commit_log_offset,
+        "tags": rec.tags,
+        "keys": rec.keys,
+        "properties": dict(rec.properties),
+        "store_timestamp": rec.store_timestamp,
+        "born_timestamp": rec.born_timestamp,
+        "store_host": "{}:{}".format(*rec.store_host),
+        "born_host": "{}:{}".format(*rec.born_host),
+        "reconsume_times": rec.reconsume_times,
+        "body_size": len(body),
+        "compressed": compressed,
+        "body_text": text,
     }
 
 
@@ -87,13 +98,22 @@ def find_messages(broker: Broker, msg_id: str, topic: str | None = None) -> list
     topics = [topic] if topic else sorted({t for t, _ in broker.store.queues()})
     found = [r for t in topics for r in broker.store.query_message(t, msg_id) if r.unique_key == msg_id]
     if not found:
-        raise BrokerError(Code.MESSAGE_NOT_FOUND, f"no message with id {msg_id}" + (f" in topic {topic}" if topic else ""))
+        raise BrokerError(
+            Code.MESSAGE_NOT_FOUND, f"no message with id {msg_id}" + (f" in topic {topic}" if topic else "")
+        )
     found.sort(key=lambda r: r.commit_log_offset, reverse=True)
     return [describe(r) for r in found]
 
 
-def query_messages(broker: Broker, topic: str, key: str | None = None, tag: str | None = None,
-                   begin: int = 0, end: int = _FOREVER, max_num: int = MAX_RESULTS) -> dict:
+def query_messages(
+    broker: Broker,
+    topic: str,
+    key: str | None = None,
+    tag: str | None = None,
+    begin: int = 0,
+    end: int = _FOREVER,
+    max_num: int = MAX_RESULTS,
+) -> dict:
     """Messages of `topic` stored within [begin, end] (ms) carrying `key` (UNIQ_KEY or a KEYS
     entry) and/or the tag `tag`, newest first, at most `max_num` (64 at most).  `complete` is
     false when more may match (the limit was reached, or a tag scan stopped at MAX_TAG_SCAN)."""
@@ -180,8 +200,15 @@ async def resend_dead_letters(broker: Broker, group: str, id: str | None = None,
             except BrokerError as exc:
                 failed.append({"offset_msg_id": rec.msg_id, "error": f"{exc.code.name}: {exc.message}"})
                 continue
-            resent.append({"offset_msg_id": rec.msg_id, "message_id": rec.unique_key, "topic": result[0],
-                           "queue_id": result[1], "new_offset_msg_id": result[2]})
+            resent.append(
+                {
+                    "offset_msg_id": rec.msg_id,
+                    "message_id": rec.unique_key,
+                    "topic": result[0],
+                    "queue_id": result[1],
+                    "new_offset_msg_id": result[2],
+                }
+            )
     if id is not None and matched == 0:
         raise BrokerError(Code.MESSAGE_NOT_FOUND, f"no dead letter with id {id} in {dlq}")
     return {"topic": dlq, "resent": resent, "already_resent": already, "failed": failed}
@@ -222,11 +249,20 @@ async def _resend(broker: Broker, dead: record.Record) -> tuple[str, int, str]:
         properties.pop(name, None)
     properties[PROPERTY_DLQ_RESENT_FROM] = dead.msg_id
     queue_id = dead.commit_log_offset % topic.queue_nums
-    (result,) = await broker.publisher.put([Message(
-        topic=topic.name, body=dead.body_bytes, queue_id=queue_id,
-        properties=properties, flag=dead.flag, sysflag=dead.sysflag & bodies.BODY_FLAGS,
-        born_timestamp=dead.born_timestamp, born_host=dead.born_host,
-    )])
+    (result,) = await broker.publisher.put(
+        [
+            Message(
+                topic=topic.name,
+                body=dead.body_bytes,
+                queue_id=queue_id,
+                properties=properties,
+                flag=dead.flag,
+                sysflag=dead.sysflag & bodies.BODY_FLAGS,
+                born_timestamp=dead.born_timestamp,
+                born_host=dead.born_host,
+            )
+        ]
+    )
     return topic.name, queue_id, result.msg_id
 
 

@@ -32,5 +32,7 @@ def check_topic_takes(topic_name: str, topic_type: str, message_type: str) -> No
     `message_type` messages."""
     if message_type == topic_type or (topic_type == MIXED and message_type in MIXED_TYPES):
         return
-    raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                      f"topic {topic_name!r} takes {topic_type} messages, not {message_type}")
+    raise BrokerError(
+        Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+        f"topic {topic_name!r} takes {topic_type} messages, not {message_type}",
+    )

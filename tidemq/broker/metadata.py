@@ -100,7 +100,6 @@ class Metadata:
         return group
 
 
-
 def _usable(config_file, from_entry, cls, problem):
     """The (name, config) pairs of a config file's usable entries; an entry that does not convert
     or that `problem` refuses is left out and logged, so one bad entry never breaks the others."""

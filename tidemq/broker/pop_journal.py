@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 class JournalWriteError(OSError):
     """The disk refused a journal line: nothing of it is in the journal."""
 
+
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -57,8 +58,10 @@ class PopJournal:
         subs, generation, damaged = replay_lines(self.path)
         for number, _, reason, last in damaged:
             if not last:
-                raise ValueError(f"pop journal {self.path}: line {number} is corrupt: {reason}; "
-                                 f"'tidemq store repair' drops the damaged lines (redeliveries, never losses)")
+                raise ValueError(
+                    f"pop journal {self.path}: line {number} is corrupt: {reason}; "
+                    f"'tidemq store repair' drops the damaged lines (redeliveries, never losses)"
+                )
             log.warning("pop journal: dropped a torn last line (line %d): %s", number, reason)
         return subs, generation
 
@@ -111,8 +114,10 @@ class PopJournal:
                 self._torn = False
             except OSError:
                 pass  # cut before the next line is written
-            raise JournalWriteError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (pop journal {self.path}: "
-                                    f"{written} of {len(line)} bytes written)")
+            raise JournalWriteError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)} (pop journal {self.path}: {written} of {len(line)} bytes written)",
+            )
         self._size += len(line)
         self._dirty = True
 
@@ -153,8 +158,11 @@ def check_journal(directory: Path) -> list[str]:
     """Problems of the pop journal in `directory`: its damaged lines (a torn last line is not
     one: replay drops it)."""
     path = Path(directory) / "journal"
-    return [f"pop journal {path}: line {number} is damaged ({reason})"
-            for number, _, reason, last in replay_lines(path)[2] if not last]
+    return [
+        f"pop journal {path}: line {number} is damaged ({reason})"
+        for number, _, reason, last in replay_lines(path)[2]
+        if not last
+    ]
 
 
 def repair_journal(directory: Path, keep_dir: Path) -> str | None:
@@ -176,13 +184,23 @@ def repair_journal(directory: Path, keep_dir: Path) -> str | None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return (f"pop journal: dropped {len(damaged)} damaged line(s) (kept in {kept}); the deliveries they "
-            "recorded come back (redeliveries, never losses)")
+    return (
+        f"pop journal: dropped {len(damaged)} damaged line(s) (kept in {kept}); the deliveries they "
+        "recorded come back (redeliveries, never losses)"
+    )
 
 
 def delivery_fields(d: Delivery) -> list:
-    return [d.queue_id, d.queue_offset, d.commit_log_offset, d.attempt, d.invisible_until,
-            d.generation, d.renew_owner, d.first_popped]
+    return [
+        d.queue_id,
+        d.queue_offset,
+        d.commit_log_offset,
+        d.attempt,
+        d.invisible_until,
+        d.generation,
+        d.renew_owner,
+        d.first_popped,
+    ]
 
 
 def snapshot_line(sub: Subscription) -> bytes:

@@ -114,8 +114,11 @@ class Subscription:
         if len(self._due) < self._compact_at:
             return
         if len(self._due) > 4 * self.in_flight_count():
-            self._due = [(d.invisible_until, d.queue_id, d.queue_offset, d.generation)
-                         for q in self.queues.values() for d in q.in_flight.values()]
+            self._due = [
+                (d.invisible_until, d.queue_id, d.queue_offset, d.generation)
+                for q in self.queues.values()
+                for d in q.in_flight.values()
+            ]
             heapq.heapify(self._due)
             if self.dead_after is not None:
                 max_attempts, self.dead_after = self.dead_after, None
@@ -157,8 +160,12 @@ class Subscription:
         if max_attempts == self.dead_after:
             return
         self.dead_after = max_attempts
-        self._last = [(d.invisible_until, d.queue_id, d.queue_offset, d.generation)
-                      for q in self.queues.values() for d in q.in_flight.values() if d.attempt >= max_attempts]
+        self._last = [
+            (d.invisible_until, d.queue_id, d.queue_offset, d.generation)
+            for q in self.queues.values()
+            for d in q.in_flight.values()
+            if d.attempt >= max_attempts
+        ]
         heapq.heapify(self._last)
 
     def pop_due_last(self, now: int) -> list[Delivery]:

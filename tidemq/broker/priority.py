@@ -37,7 +37,9 @@ PROPERTY_PRIORITY = "_SYS_MSG_PRIORITY_"  # RocketMQ's MessageConst.PROPERTY_PRI
 DEFAULT_LEVELS = 10  # priorities 0-9
 _INT32_MAX = 2**31 - 1
 
-DueEntry = tuple[int, int, int, int]  # (invisible_until, queue_id, queue_offset, generation), as the subscription's heap
+DueEntry = tuple[
+    int, int, int, int
+]  # (invisible_until, queue_id, queue_offset, generation), as the subscription's heap
 
 
 def queue_of(priority: int, levels: int) -> int:
@@ -64,8 +66,16 @@ class PriorityPop:
         self._pops = 0
         self._held: dict[tuple[str, str], dict[int, list[DueEntry]]] = {}  # per subscription, per level
 
-    def fill(self, sub: Subscription, levels: int, batch: int, out: list, now: int,
-             redeliver: Callable[[Delivery], None], pop_fresh: Callable[[int], bool]) -> None:
+    def fill(
+        self,
+        sub: Subscription,
+        levels: int,
+        batch: int,
+        out: list,
+        now: int,
+        redeliver: Callable[[Delivery], None],
+        pop_fresh: Callable[[int], bool],
+    ) -> None:
         """Add to `out`, up to `batch`, what the subscription delivers next: levels from the
         highest down.  `redeliver(d)` delivers a due delivery again (or drops or dead-letters
         it); `pop_fresh(level)` delivers that queue's new entries and returns True when it left
@@ -102,8 +112,9 @@ class PriorityPop:
             entry = (d.invisible_until, d.queue_id, d.queue_offset, d.generation)
             heapq.heappush(held.setdefault(min(d.queue_id, top), []), entry)
 
-    def _serve(self, sub: Subscription, due: list[DueEntry], batch: int, out: list,
-               redeliver: Callable[[Delivery], None]) -> None:
+    def _serve(
+        self, sub: Subscription, due: list[DueEntry], batch: int, out: list, redeliver: Callable[[Delivery], None]
+    ) -> None:
         while due and len(out) < batch:
             d = sub.current(heapq.heappop(due))
             if d is not None:

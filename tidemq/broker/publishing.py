@@ -45,7 +45,9 @@ PeerHost = str | Callable[[], str]  # an address, or a function giving it when n
 
 
 class Publisher:
-    def __init__(self, store: MessageStore, config: BrokerConfig, topic: Callable[[str], TopicConfig], stats: dict) -> None:
+    def __init__(
+        self, store: MessageStore, config: BrokerConfig, topic: Callable[[str], TopicConfig], stats: dict
+    ) -> None:
         self.store = store
         self.config = config
         self.clock = config.clock
@@ -84,9 +86,14 @@ class Publisher:
             validation.check_gzip_body(msg.body, cfg)
         if not msg.message_id or not msg.message_id.strip():
             raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id is blank")
-        if msg.delivery_timestamp is not None and msg.delivery_timestamp - self.clock() > cfg.timer_max_delay_sec * 1000:
-            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME,
-                              f"delivery time is more than {cfg.timer_max_delay_sec} s ahead (timerMaxDelaySec)")
+        if (
+            msg.delivery_timestamp is not None
+            and msg.delivery_timestamp - self.clock() > cfg.timer_max_delay_sec * 1000
+        ):
+            raise BrokerError(
+                Code.ILLEGAL_DELIVERY_TIME,
+                f"delivery time is more than {cfg.timer_max_delay_sec} s ahead (timerMaxDelaySec)",
+            )
         topic = self.topic(msg.topic)
         message_type = message_types.message_type_of(msg)
         message_types.check_topic_takes(topic.name, topic.message_type, message_type)
@@ -96,7 +103,9 @@ class Publisher:
             raise BrokerError(Code.NOT_IMPLEMENTED, f"{message_type} messages are not supported yet")
         return topic
 
-    async def send_batch(self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1") -> list[SendResult | BrokerError]:
+    async def send_batch(
+        self, messages: list[Publish], peer_host: PeerHost = "127.0.0.1"
+    ) -> list[SendResult | BrokerError]:
         """Store the acceptable messages of a batch together, in order, on one queue per topic
         (round-robin between batches; a priority message on the queue of its level); per message
         its result or why it was refused.
@@ -131,9 +140,15 @@ class Publisher:
                 if qid < 0:
                     qid = queue_of[topic.name] = self._next_write_queue(topic)
             message = Message(
-                topic=msg.topic, body=msg.body, queue_id=qid, tags=msg.tag, keys=msg.keys or None,
-                properties=properties, sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
-                born_timestamp=msg.born_timestamp, born_host=(self._born_host(msg.born_host, peer_host), 0),
+                topic=msg.topic,
+                body=msg.body,
+                queue_id=qid,
+                tags=msg.tag,
+                keys=msg.keys or None,
+                properties=properties,
+                sysflag=record.FLAG_COMPRESSED if msg.compressed else 0,
+                born_timestamp=msg.born_timestamp,
+                born_host=(self._born_host(msg.born_host, peer_host), 0),
             )
             if msg.message_type == TRANSACTION:
                 try:
@@ -150,8 +165,13 @@ class Publisher:
                 if isinstance(put, BrokerError):
                     results[i] = put
                 else:
-                    results[i] = SendResult(messages[i].message_id, message.queue_id, put.queue_offset, put.commit_log_offset,
-                                            recall_handle=self._recall_handle(message))
+                    results[i] = SendResult(
+                        messages[i].message_id,
+                        message.queue_id,
+                        put.queue_offset,
+                        put.commit_log_offset,
+                        recall_handle=self._recall_handle(message),
+                    )
                     self.stats["sent"] += 1
         return cast("list[SendResult | BrokerError]", results)  # each message has its result now
 
@@ -186,8 +206,12 @@ class Publisher:
         if message.topic != timers.TIMER_TOPIC:
             return ""
         properties = message.properties
-        return timers.recall_handle(properties[timers.PROPERTY_REAL_TOPIC], self.config.broker_name,
-                                    int(properties[timers.PROPERTY_TIMER_OUT_MS]), properties[record.PROPERTY_UNIQ_KEY])
+        return timers.recall_handle(
+            properties[timers.PROPERTY_REAL_TOPIC],
+            self.config.broker_name,
+            int(properties[timers.PROPERTY_TIMER_OUT_MS]),
+            properties[record.PROPERTY_UNIQ_KEY],
+        )
 
     def _next_write_queue(self, topic: TopicConfig) -> int:
         qid = self._round_robin.get(topic.name, -1) + 1

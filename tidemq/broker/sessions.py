@@ -68,7 +68,10 @@ class Sessions:
         session.terminated = True
 
     def expire(self, now: int) -> None:
-        dead = [cid for cid, s in self.clients.items()
-                if s.telemetry_streams == 0 and now - s.last_seen >= 2 * self.expire_ms]
+        dead = [
+            cid
+            for cid, s in self.clients.items()
+            if s.telemetry_streams == 0 and now - s.last_seen >= 2 * self.expire_ms
+        ]
         for cid in dead:
             del self.clients[cid]

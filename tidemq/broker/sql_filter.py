@@ -94,10 +94,12 @@ COMMENT: /--[^\n\r]*(\r\n|\n|\r)/ | /\/\*[^*]*\*+([^*\/][^*]*\*+)*\//
 %ignore COMMENT
 """
 
+
 @functools.cache
 def _parser() -> lark.Lark:
     """The LALR parser, built at the first SQL92 expression (building its tables takes a while)."""
     return lark.Lark(_GRAMMAR, parser="lalr", lexer="contextual", maybe_placeholders=False)
+
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
@@ -138,6 +140,7 @@ class _Prop(_Node):
 
 class _Fn(_Node):
     """A boolean expression computed by `fn(props)`."""
+
     boolean = True
 
     def __init__(self, fn) -> None:
@@ -220,6 +223,7 @@ def _equal(left: _Node, right: _Node):
         if lv is None or (type(lv) is type(rv) and lv == rv):
             return True
         return _compare(lv, rv) == 0
+
     return _Fn(fn)
 
 
@@ -238,6 +242,7 @@ def _ordering(left: _Node, right: _Node, test):
         if isinstance(lv, str) and isinstance(rv, str):
             lv, rv = _to_java_number(lv, 0.0), _to_java_number(rv, 0.0)
         return test(_compare(lv, rv))
+
     return _Fn(fn)
 
 
@@ -247,6 +252,7 @@ def _not(operand: _Node) -> _Node:
     def fn(props):
         v = operand.value(props)
         return None if v is None else not v
+
     return _Fn(fn)
 
 
@@ -263,6 +269,7 @@ def _logic(left: _Node, right: _Node, decisive: bool) -> _Node:
         if rv is decisive:
             return decisive
         return None if lv is None or rv is None else not decisive
+
     return _Fn(fn)
 
 
@@ -292,6 +299,7 @@ def _text_test(operand: _Node, search: str, test, negated: bool) -> _Node:
         if not isinstance(v, str):
             return False
         return test(v, search) != negated
+
     return _Fn(fn)
 
 
@@ -305,6 +313,7 @@ def _in(operand: _Node, items: list[str], negated: bool) -> _Node:
         if not isinstance(v, str):
             return None
         return (v in members) != negated
+
     return _Fn(fn)
 
 
@@ -468,11 +477,15 @@ def compile_sql(expression: str) -> SqlFilter:
     if not text.strip():
         raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, "SQL92 filter expression is blank")
     if len(text) > MAX_EXPRESSION_LENGTH:
-        raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"SQL92 filter expression longer than {MAX_EXPRESSION_LENGTH} characters")
+        raise BrokerError(
+            Code.ILLEGAL_FILTER_EXPRESSION, f"SQL92 filter expression longer than {MAX_EXPRESSION_LENGTH} characters"
+        )
     try:
         root = _as_boolean(_build(_parser().parse(text)))
     except lark.exceptions.LarkError as exc:
-        raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad SQL92 filter expression {text!r}: {_first_line(exc)}") from None
+        raise BrokerError(
+            Code.ILLEGAL_FILTER_EXPRESSION, f"bad SQL92 filter expression {text!r}: {_first_line(exc)}"
+        ) from None
     except _Invalid as exc:
         raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, f"bad SQL92 filter expression {text!r}: {exc}") from None
     return SqlFilter(text, root)

@@ -74,8 +74,9 @@ PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 RECALL_TAG = "_RECALL_TAG_"
 
 # messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", in ms
-DELAY_LEVELS_MS = tuple(s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600,
-                                           1200, 1800, 3600, 7200))
+DELAY_LEVELS_MS = tuple(
+    s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
 
 _OFFSET_BITS = 40  # timer-queue offsets below 2**40 share a heap key with their due time
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
@@ -103,6 +104,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 # -- the messages ----------------------------------------------------------------------------------
+
 
 def timer_message(message: Message, due_ms: int) -> Message:
     """`message` (for its real topic and queue) as it is kept in the timer topic until `due_ms`."""
@@ -142,10 +144,19 @@ def delete_key(topic: str, unique_key: str) -> str:
 
 
 def _moved(message: Message, topic: str, queue_id: int, properties: dict[str, str]) -> Message:
-    return Message(topic=topic, body=message.body, queue_id=queue_id, tags=message.tags, keys=message.keys,
-                   properties=properties, flag=message.flag, sysflag=message.sysflag,
-                   born_timestamp=message.born_timestamp, born_host=message.born_host,
-                   reconsume_times=message.reconsume_times)
+    return Message(
+        topic=topic,
+        body=message.body,
+        queue_id=queue_id,
+        tags=message.tags,
+        keys=message.keys,
+        properties=properties,
+        flag=message.flag,
+        sysflag=message.sysflag,
+        born_timestamp=message.born_timestamp,
+        born_host=message.born_host,
+        reconsume_times=message.reconsume_times,
+    )
 
 
 def released_message(rec: record.Record, now: int, enqueued_ms: int | None = None) -> Message | None:
@@ -168,10 +179,19 @@ def released_message(rec: record.Record, now: int, enqueued_ms: int | None = Non
     keys = properties.get(record.PROPERTY_KEYS)
     for name in (record.PROPERTY_TAGS, record.PROPERTY_KEYS):
         properties.pop(name, None)
-    return Message(topic=topic, body=rec.body_bytes, queue_id=int(qid), tags=tags,
-                   keys=[k for k in keys.split(record.KEY_SEPARATOR) if k] if keys else None,
-                   properties=properties, flag=rec.flag, sysflag=rec.sysflag,
-                   born_timestamp=rec.born_timestamp, born_host=rec.born_host, reconsume_times=rec.reconsume_times)
+    return Message(
+        topic=topic,
+        body=rec.body_bytes,
+        queue_id=int(qid),
+        tags=tags,
+        keys=[k for k in keys.split(record.KEY_SEPARATOR) if k] if keys else None,
+        properties=properties,
+        flag=rec.flag,
+        sysflag=rec.sysflag,
+        born_timestamp=rec.born_timestamp,
+        born_host=rec.born_host,
+        reconsume_times=rec.reconsume_times,
+    )
 
 
 def due_of(rec: record.Record) -> int | None:
@@ -187,6 +207,7 @@ def due_of(rec: record.Record) -> int | None:
 
 
 # -- recall handles (RocketMQ's RecallMessageHandle v1) --------------------------------------------
+
 
 def recall_handle(topic: str, broker_name: str, due_ms: int, unique_key: str) -> str:
     """Base64 (URL-safe) of "v1 topic brokerName timestamp uniqueKey"; the timestamp is a
@@ -211,6 +232,7 @@ def parse_recall_handle(handle: str) -> tuple[str, str, int, str] | None:
 
 
 # -- the service -----------------------------------------------------------------------------------
+
 
 class TimerService:
     """Releases due timer and delay-level messages through `put` (the broker's durable store
@@ -255,7 +277,9 @@ class TimerService:
         rocketmq = self._read_timercheck()
         if rocketmq is not None and (state is None or list(rocketmq) != state.get("timercheck")):
             read_time, queue_offset = rocketmq
-            log.info("timers start from RocketMQ's timer checkpoint: queue offset %d, read time %d", queue_offset, read_time)
+            log.info(
+                "timers start from RocketMQ's timer checkpoint: queue offset %d, read time %d", queue_offset, read_time
+            )
             # entries below the queue offset due before the read time went out
             return {"low": 0, "rules": [[queue_offset, read_time << _OFFSET_BITS, []]]}
         return state or {}
@@ -293,9 +317,13 @@ class TimerService:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         timercheck = self._write_timercheck(self.clock())
         delay_offsets = self._write_delay_offsets(self.clock())
-        state = {"low": self._low, "rules": rules,
-                 "levels": {str(q): o for q, o in sorted(self._levels.items())}, "timercheck": timercheck,
-                 "delayOffset": delay_offsets}
+        state = {
+            "low": self._low,
+            "rules": rules,
+            "levels": {str(q): o for q, o in sorted(self._levels.items())},
+            "timercheck": timercheck,
+            "delayOffset": delay_offsets,
+        }
         _write_atomically(self.path, json.dumps(state).encode())
         self._dirty = False
 
@@ -314,8 +342,10 @@ class TimerService:
         """Each delay level's cursor in RocketMQ's `config/delayOffset.json`, so that RocketMQ
         opening the store goes on from there.  Returns the table written."""
         table = {str(qid + 1): offset for qid, offset in sorted(self._levels.items())}
-        document = {"offsetTable": table,
-                    "dataVersion": {"counter": self._timercheck_counter, "stateVersion": 0, "timestamp": now}}
+        document = {
+            "offsetTable": table,
+            "dataVersion": {"counter": self._timercheck_counter, "stateVersion": 0, "timestamp": now},
+        }
         _write_atomically(self.path.parent / DELAY_OFFSET_FILE, json.dumps(document).encode())
         return table
 
@@ -524,12 +554,14 @@ class TimerService:
 
     def listener(self, loop) -> Callable[[dict], None]:
         """A store arrival listener (dispatch thread) that wakes `run` for new timer entries."""
+
         def on_arrival(changes: dict) -> None:
             if any(topic in (TIMER_TOPIC, SCHEDULE_TOPIC) for topic, _ in changes) and not loop.is_closed():
                 try:
                     loop.call_soon_threadsafe(self.wake)
                 except RuntimeError:
                     pass  # the loop closed between the check and the call
+
         return on_arrival
 
 

@@ -96,9 +96,19 @@ def to_half(message: Message, producer_group: str, born: int, immunity_seconds: 
         properties[PROPERTY_TRANSACTION_ID] = unique_key
     if immunity_seconds is not None:
         properties[PROPERTY_CHECK_IMMUNITY_SECONDS] = str(immunity_seconds)
-    return Message(topic=HALF_TOPIC, body=message.body, queue_id=0, tags=message.tags, keys=message.keys,
-                   properties=properties, flag=message.flag, sysflag=message.sysflag & ~record.TRANSACTION_TYPE_MASK,
-                   born_timestamp=born, born_host=message.born_host, reconsume_times=message.reconsume_times)
+    return Message(
+        topic=HALF_TOPIC,
+        body=message.body,
+        queue_id=0,
+        tags=message.tags,
+        keys=message.keys,
+        properties=properties,
+        flag=message.flag,
+        sysflag=message.sysflag & ~record.TRANSACTION_TYPE_MASK,
+        born_timestamp=born,
+        born_host=message.born_host,
+        reconsume_times=message.reconsume_times,
+    )
 
 
 def committed(half: record.Record) -> Message:
@@ -107,21 +117,43 @@ def committed(half: record.Record) -> Message:
     topic = properties.pop(PROPERTY_REAL_TOPIC)
     queue_id = int(properties.pop(PROPERTY_REAL_QUEUE_ID))
     properties.pop(PROPERTY_TRANSACTION_PREPARED, None)
-    return Message(topic=topic, body=half.body_bytes, queue_id=queue_id, properties=properties, flag=half.flag,
-                   sysflag=(half.sysflag & ~record.TRANSACTION_TYPE_MASK) | record.TRANSACTION_COMMIT,
-                   born_timestamp=half.born_timestamp, born_host=half.born_host, reconsume_times=half.reconsume_times,
-                   prepared_transaction_offset=half.commit_log_offset)
+    return Message(
+        topic=topic,
+        body=half.body_bytes,
+        queue_id=queue_id,
+        properties=properties,
+        flag=half.flag,
+        sysflag=(half.sysflag & ~record.TRANSACTION_TYPE_MASK) | record.TRANSACTION_COMMIT,
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        reconsume_times=half.reconsume_times,
+        prepared_transaction_offset=half.commit_log_offset,
+    )
 
 
 def _copy(half: record.Record, topic: str, properties: dict[str, str]) -> Message:
-    return Message(topic=topic, body=half.body_bytes, queue_id=0, properties=properties, flag=half.flag,
-                   sysflag=half.sysflag, born_timestamp=half.born_timestamp, born_host=half.born_host,
-                   reconsume_times=half.reconsume_times)
+    return Message(
+        topic=topic,
+        body=half.body_bytes,
+        queue_id=0,
+        properties=properties,
+        flag=half.flag,
+        sysflag=half.sysflag,
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        reconsume_times=half.reconsume_times,
+    )
 
 
 def op_message(half_queue_id: int, half_offset: int, store_host: tuple[str, int], now: int) -> Message:
-    return Message(topic=OP_TOPIC, body=f"{half_offset}{OFFSET_SEPARATOR}".encode("ascii"), queue_id=half_queue_id,
-                   tags=REMOVE_TAG, born_timestamp=now, born_host=store_host)
+    return Message(
+        topic=OP_TOPIC,
+        body=f"{half_offset}{OFFSET_SEPARATOR}".encode("ascii"),
+        queue_id=half_queue_id,
+        tags=REMOVE_TAG,
+        born_timestamp=now,
+        born_host=store_host,
+    )
 
 
 def op_offsets(op: record.Record) -> list[int]:
@@ -136,8 +168,13 @@ def op_offsets(op: record.Record) -> list[int]:
 
 
 class Transactions:
-    def __init__(self, store: MessageStore, config: BrokerConfig, sessions: Sessions,
-                 put: Callable[[list[Message]], Awaitable[list]]) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        config: BrokerConfig,
+        sessions: Sessions,
+        put: Callable[[list[Message]], Awaitable[list]],
+    ) -> None:
         self.store = store
         self.config = config
         self.clock = config.clock
@@ -177,8 +214,16 @@ class Transactions:
             immunity_ms = int(custom) * 1000
         checks = properties.get(PROPERTY_CHECK_TIMES, "0")
         born = half.born_timestamp
-        return Half(message_id, properties[PROPERTY_REAL_TOPIC], half.queue_offset, half.commit_log_offset, born,
-                    immunity_ms, int(checks) if checks.isdigit() else 0, born + immunity_ms)
+        return Half(
+            message_id,
+            properties[PROPERTY_REAL_TOPIC],
+            half.queue_offset,
+            half.commit_log_offset,
+            born,
+            immunity_ms,
+            int(checks) if checks.isdigit() else 0,
+            born + immunity_ms,
+        )
 
     def _open(self, half: Half) -> None:
         self.pending[half.message_id] = half
@@ -189,7 +234,9 @@ class Transactions:
     def half_message(self, message: Message, msg: Publish) -> Message:
         seconds = msg.transaction_recovery_seconds
         if seconds is not None and not 0 <= seconds <= MAX_RECOVERY_SECONDS:
-            raise BrokerError(Code.BAD_REQUEST, f"transaction recovery time {seconds} s outside [0, {MAX_RECOVERY_SECONDS}] s")
+            raise BrokerError(
+                Code.BAD_REQUEST, f"transaction recovery time {seconds} s outside [0, {MAX_RECOVERY_SECONDS}] s"
+            )
         return to_half(message, msg.topic, msg.born_timestamp or self.clock(), seconds)
 
     def prepared(self, msg: Publish, result: SendResult) -> SendResult:
@@ -197,11 +244,26 @@ class Transactions:
         born = msg.born_timestamp or self.clock()
         seconds = msg.transaction_recovery_seconds
         immunity_ms = seconds * 1000 if seconds is not None else self.config.transaction_timeout_ms
-        self._open(Half(msg.message_id, msg.topic, result.queue_offset, result.commit_log_offset, born, immunity_ms, 0,
-                        born + immunity_ms))
+        self._open(
+            Half(
+                msg.message_id,
+                msg.topic,
+                result.queue_offset,
+                result.commit_log_offset,
+                born,
+                immunity_ms,
+                0,
+                born + immunity_ms,
+            )
+        )
         self.stats["prepared"] += 1
-        return SendResult(result.message_id, result.queue_id, result.queue_offset, result.commit_log_offset,
-                          transaction_id=msg.message_id)
+        return SendResult(
+            result.message_id,
+            result.queue_id,
+            result.queue_offset,
+            result.commit_log_offset,
+            transaction_id=msg.message_id,
+        )
 
     async def end(self, topic: str, message_id: str, transaction_id: str, resolution: str) -> None:
         """EndTransaction: commit or roll back; any other resolution leaves it open (checked
@@ -211,14 +273,18 @@ class Transactions:
         key = transaction_id if transaction_id in self.pending else message_id
         half = self.pending.get(key)
         if half is None or half.topic != topic:
-            raise BrokerError(Code.INTERNAL_SERVER_ERROR, f"cannot find transaction data of {transaction_id!r} on topic {topic!r}")
+            raise BrokerError(
+                Code.INTERNAL_SERVER_ERROR, f"cannot find transaction data of {transaction_id!r} on topic {topic!r}"
+            )
         if resolution not in (COMMIT, ROLLBACK):
             return
         messages = [self._op(half)]
         if resolution == COMMIT:
             rec = self.store.read_record(half.commit_log_offset)
             if rec is None:
-                raise BrokerError(Code.INTERNAL_SERVER_ERROR, f"half message of {half.message_id!r} is gone from the store")
+                raise BrokerError(
+                    Code.INTERNAL_SERVER_ERROR, f"half message of {half.message_id!r} is gone from the store"
+                )
             messages.insert(0, committed(rec))
         del self.pending[key]  # claimed: a second EndTransaction meanwhile finds nothing
         try:
@@ -256,8 +322,13 @@ class Transactions:
         return done
 
     async def _discard(self, half: Half, rec: record.Record) -> None:
-        log.warning("transaction %s on %s checked %d times without an answer: moved to %s", half.message_id,
-                    half.topic, half.checks, CHECK_MAX_TOPIC)
+        log.warning(
+            "transaction %s on %s checked %d times without an answer: moved to %s",
+            half.message_id,
+            half.topic,
+            half.checks,
+            CHECK_MAX_TOPIC,
+        )
         del self.pending[half.message_id]
         try:
             await self.put([_copy(rec, CHECK_MAX_TOPIC, dict(rec.properties)), self._op(half)])
@@ -280,20 +351,36 @@ class Transactions:
             try:
                 await self.put([op_message(0, copy.queue_offset, self.store.config.store_host, now)])
             except BrokerError as exc:
-                log.error("transaction %s: no op message for its last copy (%s); open again after a restart",
-                          half.message_id, exc.message)
+                log.error(
+                    "transaction %s: no op message for its last copy (%s); open again after a restart",
+                    half.message_id,
+                    exc.message,
+                )
             return
-        self._open(replace(half, half_offset=copy.queue_offset, commit_log_offset=copy.commit_log_offset,
-                           checks=half.checks + 1, next_check=now + self.config.transaction_check_interval_ms))
+        self._open(
+            replace(
+                half,
+                half_offset=copy.queue_offset,
+                commit_log_offset=copy.commit_log_offset,
+                checks=half.checks + 1,
+                next_check=now + self.config.transaction_check_interval_ms,
+            )
+        )
         self.stats["checks"] += 1
-        producers = [cid for cid, session in self.sessions.clients.items()
-                     if cid in self.outboxes and session.client_type == PRODUCER and half.topic in session.topics
-                     and self.sessions.alive(cid, now)]
+        producers = [
+            cid
+            for cid, session in self.sessions.clients.items()
+            if cid in self.outboxes
+            and session.client_type == PRODUCER
+            and half.topic in session.topics
+            and self.sessions.alive(cid, now)
+        ]
         if not producers:
             log.info("transaction %s: no producer of %s online to check it", half.message_id, half.topic)
             return
-        shown = replace(rec, topic=half.topic, queue_id=int(rec.properties.get(PROPERTY_REAL_QUEUE_ID, 0)),
-                        properties=properties)
+        shown = replace(
+            rec, topic=half.topic, queue_id=int(rec.properties.get(PROPERTY_REAL_QUEUE_ID, 0)), properties=properties
+        )
         try:
             self.outboxes[random.choice(producers)].put_nowait(TransactionCheck(shown, half.message_id))
         except asyncio.QueueFull:

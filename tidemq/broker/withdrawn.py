@@ -53,6 +53,10 @@ class Withdrawn:
             finally:
                 os.close(fd)
         except OSError as exc:
-            log.error("could not record withdrawn records at commit-log offsets %s in %s: %s; after a "
-                      "restart they may be delivered although their sends were reported failed",
-                      commit_log_offsets, self.path, exc)
+            log.error(
+                "could not record withdrawn records at commit-log offsets %s in %s: %s; after a "
+                "restart they may be delivered although their sends were reported failed",
+                commit_log_offsets,
+                self.path,
+                exc,
+            )

@@ -76,7 +76,9 @@ def _export(args: argparse.Namespace) -> int:
 
     spark = _session(args)
     with _progress(spark, args):
-        report = export(spark, args.store, args.out, mode=args.mode, partition_size=args.partition_size, **_offsets(args))
+        report = export(
+            spark, args.store, args.out, mode=args.mode, partition_size=args.partition_size, **_offsets(args)
+        )
     for line in report.messages:
         print(f"warning: {line}")
     print(f"exported {args.store} to {report.out} (Parquet, partitioned by topic and day)")
@@ -88,7 +90,9 @@ def _stats(args: argparse.Namespace) -> int:
 
     spark = _session(args)
     with _progress(spark, args):
-        report = stats(spark, args.store, bucket_seconds=args.bucket, partition_size=args.partition_size, **_offsets(args))
+        report = stats(
+            spark, args.store, bucket_seconds=args.bucket, partition_size=args.partition_size, **_offsets(args)
+        )
     for warning in report.messages:
         print(f"warning: {warning}")
 
@@ -139,22 +143,35 @@ def add_commands(commands) -> None:
     jobs = pipeline.add_subparsers(dest="pipeline_command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--store", required=True, help="store directory (holding commitlog/): a path or a file://, hdfs://, s3:// URI")
+        p.add_argument(
+            "--store",
+            required=True,
+            help="store directory (holding commitlog/): a path or a file://, hdfs://, s3:// URI",
+        )
         p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
         p.add_argument("--conf", action="append", metavar="KEY=VALUE", help="a Spark setting; repeatable")
-        p.add_argument("--partition-size", help="bytes of commit log per Spark task (default 64m; a whole segment for a remote store)")
+        p.add_argument(
+            "--partition-size",
+            help="bytes of commit log per Spark task (default 64m; a whole segment for a remote store)",
+        )
         p.add_argument("--start-offset", type=int, help="read records at or after this commit-log offset")
         p.add_argument("--end-offset", type=int, help="read records before this commit-log offset")
         p.add_argument("--no-progress", action="store_true", help="print no line per Spark stage")
 
     p = jobs.add_parser("rebuild", help="build the ConsumeQueue files from the commit log")
     common(p)
-    p.add_argument("--out", help="directory to write consumequeue/ and index/ to (a path or URI every executor reaches)")
+    p.add_argument(
+        "--out", help="directory to write consumequeue/ and index/ to (a path or URI every executor reaches)"
+    )
     p.add_argument("--in-place", action="store_true", help="replace the stopped store's own indexes")
-    p.add_argument("--units-per-file", type=int, help="consume-queue units per file (default: the store's, else 300000)")
+    p.add_argument(
+        "--units-per-file", type=int, help="consume-queue units per file (default: the store's, else 300000)"
+    )
     p.add_argument("--no-key-index", action="store_true", help="rebuild the consume queues only")
     p.add_argument("--hash-slots", type=int, help="key-index hash slots per file (default: the store's, else 5000000)")
-    p.add_argument("--max-index-entries", type=int, help="key-index entries per file (default: the store's, else 20000000)")
+    p.add_argument(
+        "--max-index-entries", type=int, help="key-index entries per file (default: the store's, else 20000000)"
+    )
     p.set_defaults(func=_one_line_errors(_rebuild))
 
     p = jobs.add_parser("export", help="messages to Parquet, partitioned by topic and day")

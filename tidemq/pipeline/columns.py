@@ -101,7 +101,9 @@ def queue_tags_code(r: record.Record) -> int:
     record of SCHEDULE_TOPIC_XXXX the time it is due (`special_queues`)."""
     properties = r.properties
     code = record.tags_code(properties.get(record.PROPERTY_TAGS))
-    return special_queues.queue_tags_code(r.topic, properties.get(special_queues.PROPERTY_DELAY), r.store_timestamp, code)
+    return special_queues.queue_tags_code(
+        r.topic, properties.get(special_queues.PROPERTY_DELAY), r.store_timestamp, code
+    )
 
 
 Extractor = Callable[[list[record.Record], str, pa.DataType], pa.Array]
@@ -143,6 +145,7 @@ def to_batch(records: list[record.Record], broker: str, schema: StructType, pa_s
 
 def to_rows(records: list[record.Record], broker: str, schema: StructType) -> list[tuple]:
     """The same values as plain tuples (the row path, kept for the benchmark's comparison)."""
+
     def ts(ms: int) -> datetime:
         return datetime.fromtimestamp(ms / 1000, tz=UTC)
 

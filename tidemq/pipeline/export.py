@@ -69,7 +69,9 @@ def export(
     with job_errors():  # the source plans (in Python, started by Spark) when it is loaded
         df = _reader(spark, partition_size, start_offset, end_offset).load(store)
         # the UTC day whatever the session's time zone
-        df = df.withColumn("day", F.expr("date_from_unix_date(CAST(floor(unix_millis(store_timestamp) / 86400000) AS INT))"))
+        df = df.withColumn(
+            "day", F.expr("date_from_unix_date(CAST(floor(unix_millis(store_timestamp) / 86400000) AS INT))")
+        )
         df.write.mode(mode).partitionBy("topic", "day").parquet(target)
     return report
 

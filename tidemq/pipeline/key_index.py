@@ -53,7 +53,9 @@ class IndexSummary(WriterCommitMessage):
     files: int
 
 
-def append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int) -> IndexSummary:
+def append_entries(
+    batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int
+) -> IndexSummary:
     """Entries sorted by (commit-log offset, position in the record) into a fresh KeyIndex
     (what a retried task or an earlier run left there is removed first: KeyIndex appends)."""
     files.remove_tree(directory)
@@ -68,7 +70,9 @@ def append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots
         shutil.rmtree(building, ignore_errors=True)
 
 
-def _append_entries(batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int) -> IndexSummary:
+def _append_entries(
+    batches: Iterator[pa.RecordBatch], directory: str, hash_slots: int, max_entries: int
+) -> IndexSummary:
     index = KeyIndex(Path(directory), hash_slots, max_entries)
     entries = 0
     try:
@@ -117,7 +121,9 @@ def key_entries(df):
     none = F.array().cast("array<string>")
     unique = F.when(df.unique_key.isNotNull() & (df.unique_key != ""), F.array(df.unique_key)).otherwise(none)
     # the tag last, as the key "T#tag" (index_keys.record_index_keys)
-    tag = F.when(df.tags.isNotNull() & (df.tags != ""), F.array(F.concat(F.lit(TAG_KEY_PREFIX), df.tags))).otherwise(none)
+    tag = F.when(df.tags.isNotNull() & (df.tags != ""), F.array(F.concat(F.lit(TAG_KEY_PREFIX), df.tags))).otherwise(
+        none
+    )
     entries = df.select(
         "topic",
         "commit_log_offset",

@@ -197,7 +197,9 @@ def record_boundary_from(log: CommitLogDir, offset: int) -> int:
         if segment is not None:
             with segment:  # a record (or closing blank) that names this position: the common case
                 result = segment.decode(offset - seg_start, read_body=False, read_properties=False)
-            if type(result) is record.EndOfSegment or (type(result) is record.Record and result.commit_log_offset == offset):
+            if type(result) is record.EndOfSegment or (
+                type(result) is record.Record and result.commit_log_offset == offset
+            ):
                 return offset
     walk_from = holding[0][0] if holding else (found[-1][0] if found else 0)
     return log_end(log, min(walk_from, offset), stop=offset)

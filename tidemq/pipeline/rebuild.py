@@ -111,8 +111,11 @@ class QueueFilesWriter:
             self._start(int(queue_offsets[0]))
         n = len(units)
         first = int(queue_offsets[0])
-        if not self.pending and first == self.frontier and int(queue_offsets[-1]) == first + n - 1 and (
-            n == 1 or bool(np.all(np.diff(queue_offsets) == 1))
+        if (
+            not self.pending
+            and first == self.frontier
+            and int(queue_offsets[-1]) == first + n - 1
+            and (n == 1 or bool(np.all(np.diff(queue_offsets) == 1)))
         ):
             self._put_run(first, units)
         else:
@@ -160,13 +163,23 @@ class QueueFilesWriter:
         # hole); only the bytes up to the last non-zero unit are written
         used = len(buf.rstrip(b"\0")) if buf[-1:] == b"\0" else len(buf)
         used += -used % UNIT_SIZE
-        files.write_file(files.join(self.directory, file_name(start * UNIT_SIZE)), memoryview(buf)[:used], self.file_bytes)
+        files.write_file(
+            files.join(self.directory, file_name(start * UNIT_SIZE)), memoryview(buf)[:used], self.file_bytes
+        )
         self.files += 1
 
     def close(self) -> tuple:
         for start in sorted(self.buffers):
             self._write(start, self.buffers.pop(start))
-        return (self.topic, self.queue_id, self.entries, self.files, self.min_offset, self.frontier, self.max_physical_offset)
+        return (
+            self.topic,
+            self.queue_id,
+            self.entries,
+            self.files,
+            self.min_offset,
+            self.frontier,
+            self.max_physical_offset,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,8 +235,12 @@ def queue_units(part, settings) -> Iterator[pa.RecordBatch]:
                 continue  # PREPARED and ROLLBACK records get no queue entry
             properties = r.properties
             code = tags_code(properties.get(tags))
-            add((r.topic, r.queue_id), r.queue_offset, r,
-                queue_tags_code(r.topic, properties.get(PROPERTY_DELAY), r.store_timestamp, code))
+            add(
+                (r.topic, r.queue_id),
+                r.queue_offset,
+                r,
+                queue_tags_code(r.topic, properties.get(PROPERTY_DELAY), r.store_timestamp, code),
+            )
             # a light queue's unit points at this record (special_queues)
             for lmq_topic, lmq_queue_id, lmq_offset in lmq_units(r.topic, r.queue_id, properties.get):
                 add((lmq_topic, lmq_queue_id), lmq_offset, r, code)
@@ -275,7 +292,9 @@ class ConsumeQueueSink(DataSource):
         return SINK_NAME
 
     def writer(self, schema, overwrite: bool) -> ConsumeQueueWriter:
-        return ConsumeQueueWriter(self.options["path"], int(self.options["unitsPerFile"]), self.options.get("summaryFile"))
+        return ConsumeQueueWriter(
+            self.options["path"], int(self.options["unitsPerFile"]), self.options.get("summaryFile")
+        )
 
 
 class ConsumeQueueWriter(DataSourceArrowWriter):
@@ -390,7 +409,11 @@ def rebuild(
 
         def reader(source: str):
             read = spark.read.format(source).option("checkCRC", "true")
-            for option, value in (("partitionSize", partition_size), ("startOffset", start_offset), ("endOffset", end_offset)):
+            for option, value in (
+                ("partitionSize", partition_size),
+                ("startOffset", start_offset),
+                ("endOffset", end_offset),
+            ):
                 if value is not None:
                     read = read.option(option, str(value))
             return read

@@ -103,11 +103,18 @@ def record_batches(part: InputPartition, settings: ReadSettings) -> Iterator[lis
     check_crc, read_body, read_properties = settings.check_crc, settings.read_body, settings.read_properties
     decode: Callable[[int], record.DecodeResult]
     if segment.whole:  # a mapping of the whole segment: the store's decoder straight over it
-        decode = functools.partial(record.decode, segment.buf, base_offset=base, check_crc=check_crc,
-                                   read_body=read_body, read_properties=read_properties)
+        decode = functools.partial(
+            record.decode,
+            segment.buf,
+            base_offset=base,
+            check_crc=check_crc,
+            read_body=read_body,
+            read_properties=read_properties,
+        )
     else:
-        decode = functools.partial(segment.decode, check_crc=check_crc, read_body=read_body,
-                                   read_properties=read_properties)
+        decode = functools.partial(
+            segment.decode, check_crc=check_crc, read_body=read_body, read_properties=read_properties
+        )
     Record = record.Record
     batch: list[record.Record] = []
     batch_bytes = 0
@@ -177,8 +184,7 @@ def _report_invalid(part: SegmentRange, segment: Segment, bad: record.Invalid) -
             f"store (`tidemq store repair`)"
         )
     log.warning(
-        "broker %s: torn tail at commit-log offset %d (%s): the read stops at the last valid record, "
-        "which ends at %d",
+        "broker %s: torn tail at commit-log offset %d (%s): the read stops at the last valid record, which ends at %d",
         part.broker,
         bad.offset,
         bad.reason,

@@ -89,7 +89,5 @@ def _record_start(log: CommitLogDir, offset: int) -> int:
             f"startingOffsets {offset} for broker {log.broker!r} is inside a record; the next record starts at {boundary}"
         )
     if boundary < offset:
-        raise ValueError(
-            f"startingOffsets {offset} for broker {log.broker!r} is past the end of its log, {boundary}"
-        )
+        raise ValueError(f"startingOffsets {offset} for broker {log.broker!r} is past the end of its log, {boundary}")
     return offset

@@ -59,8 +59,14 @@ class SniffingListener:
     `(protocol_factory, host, port)` (the shape of the loop's `create_server`); it returns itself,
     with `sockets` and `close()`."""
 
-    def __init__(self, mode: str, context: ssl.SSLContext | None, preface_timeout: float = PREFACE_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS, served: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        mode: str,
+        context: ssl.SSLContext | None,
+        preface_timeout: float = PREFACE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+        served: Callable[[], int] = lambda: 0,
+    ) -> None:
         """`served()`: how many connections the server behind holds (handed over, not yet closed)."""
         if mode not in MODES:
             raise ValueError(f"TLS mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -80,7 +86,9 @@ class SniffingListener:
         self._handovers: set[asyncio.Task] = set()
         self._closed = False
 
-    async def __call__(self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int) -> SniffingListener:
+    async def __call__(
+        self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int
+    ) -> SniffingListener:
         self.loop = asyncio.get_running_loop()
         self._protocol_factory = protocol_factory
         addresses = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -131,15 +139,24 @@ class SniffingListener:
             except OSError as exc:
                 if exc.errno not in _OUT_OF_RESOURCES:
                     continue  # that connection was aborted before it was accepted
-                log.error("cannot accept connections on %s (%s): retrying in %.0f s",
-                          listening.getsockname(), exc.strerror, ACCEPT_RETRY_DELAY_S)
+                log.error(
+                    "cannot accept connections on %s (%s): retrying in %.0f s",
+                    listening.getsockname(),
+                    exc.strerror,
+                    ACCEPT_RETRY_DELAY_S,
+                )
                 self.loop.remove_reader(listening.fileno())
                 self.loop.call_later(ACCEPT_RETRY_DELAY_S, self._resume_accepting, listening)
                 return
             sniffed = len(self._waiting) + len(self._handovers)
             if sniffed + self.served() >= self.max_connections:
-                log.warning("closing a connection from %s: %d connections are open, %d of them waiting for their "
-                            "first byte or handshake", _peer(connection), sniffed + self.served(), sniffed)
+                log.warning(
+                    "closing a connection from %s: %d connections are open, %d of them waiting for their "
+                    "first byte or handshake",
+                    _peer(connection),
+                    sniffed + self.served(),
+                    sniffed,
+                )
                 connection.close()
                 continue
             connection.setblocking(False)
@@ -200,13 +217,15 @@ class SniffingListener:
         try:
             if tls:
                 left = accepted_at + self.preface_timeout - self.loop.time()  # the handshake gets what is left
-                await self.loop.connect_accepted_socket(protocol, connection, ssl=self.context,
-                                                        ssl_handshake_timeout=max(left, MIN_HANDSHAKE_S))
+                await self.loop.connect_accepted_socket(
+                    protocol, connection, ssl=self.context, ssl_handshake_timeout=max(left, MIN_HANDSHAKE_S)
+                )
             else:
                 await self.loop.connect_accepted_socket(protocol, connection)
         except (TimeoutError, OSError, ConnectionError) as exc:  # ssl.SSLError is an OSError
-            log.info("closing a %s connection from %s: %s", "TLS" if tls else "plaintext", peer,
-                     exc or type(exc).__name__)
+            log.info(
+                "closing a %s connection from %s: %s", "TLS" if tls else "plaintext", peer, exc or type(exc).__name__
+            )
             connection.close()
 
 

@@ -97,7 +97,9 @@ class StoreConfig:
         if self.light_queue_store not in LIGHT_QUEUE_STORES:
             raise ValueError(f"light_queue_store must be one of {LIGHT_QUEUE_STORES}, not {self.light_queue_store!r}")
         if self.dispatch_workers < 0:
-            raise ValueError(f"dispatch_workers must be 0 (the dispatch thread alone) or more, not {self.dispatch_workers}")
+            raise ValueError(
+                f"dispatch_workers must be 0 (the dispatch thread alone) or more, not {self.dispatch_workers}"
+            )
 
 
 @dataclass
@@ -201,26 +203,51 @@ class MessageStore:
         self.checkpoint_path = self.directory / "checkpoint"
         abnormal = self.abort_path.exists()
         self.checkpoint = Checkpoint.load(self.checkpoint_path)
-        self.commit_log = CommitLog(self.directory / "commitlog", cfg.segment_size, background_warm=cfg.flush != FLUSH_SYNC)
-        self.disk_space = DiskSpaceGuard(self.directory / "commitlog", cfg.disk_space_warning_level_ratio, cfg.disk_usage)
+        self.commit_log = CommitLog(
+            self.directory / "commitlog", cfg.segment_size, background_warm=cfg.flush != FLUSH_SYNC
+        )
+        self.disk_space = DiskSpaceGuard(
+            self.directory / "commitlog", cfg.disk_space_warning_level_ratio, cfg.disk_usage
+        )
         self.consume_queues = ConsumeQueueStore(self.directory / "consumequeue", cfg.consume_queue_units)
         self._append_lock = threading.Lock()
         self._queue_offsets: dict[tuple[str, int], int] = {}
         self._last_written = (0, 0)  # (write position, store timestamp) of the newest record
-        self.light_queues = LightQueues(
-            self.directory, self.consume_queues, self._queue_offsets, self.commit_log, self._append_lock,
-            multi_dispatch=cfg.enable_multi_dispatch, backend=cfg.light_queue_store,
-            idle_expiry_ms=cfg.light_queue_idle_expiry_ms, max_name_bytes=cfg.max_topic_bytes,
-        ) if cfg.enable_lmq else None
+        self.light_queues = (
+            LightQueues(
+                self.directory,
+                self.consume_queues,
+                self._queue_offsets,
+                self.commit_log,
+                self._append_lock,
+                multi_dispatch=cfg.enable_multi_dispatch,
+                backend=cfg.light_queue_store,
+                idle_expiry_ms=cfg.light_queue_idle_expiry_ms,
+                max_name_bytes=cfg.max_topic_bytes,
+            )
+            if cfg.enable_lmq
+            else None
+        )
         self._expiry_listeners: list[Callable[[list[str]], None]] = []  # told of expired light queues
         self._encoder = MessageEncoder(cfg, self.commit_log.segment_size)
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.key_index = (
-            KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries) if cfg.message_index_enable else None
+            KeyIndex(self.directory / "index", cfg.index_hash_slots, cfg.index_max_entries)
+            if cfg.message_index_enable
+            else None
         )
         self.damaged_records: set[int] = set()  # offsets of damaged records reads skipped
-        recovered = recover(self.directory, self.commit_log, self.consume_queues, self.key_index, self.light_queues, self.checkpoint,
-                            abnormal, cfg.repair, self._start_dispatcher)
+        recovered = recover(
+            self.directory,
+            self.commit_log,
+            self.consume_queues,
+            self.key_index,
+            self.light_queues,
+            self.checkpoint,
+            abnormal,
+            cfg.repair,
+            self._start_dispatcher,
+        )
         self.recovery = recovered.report
         self._queue_offsets.update(recovered.queue_offsets)
         if recovered.last_written is not None:
@@ -238,12 +265,16 @@ class MessageStore:
             self._flush_service = PeriodicService("tidemq-flush", cfg.flush_interval_ms / 1000, self._flush_async)
         self._dispatch_thread = threading.Thread(target=self._dispatch_loop, name="tidemq-dispatch", daemon=True)
         self._dispatch_thread.start()
-        self._maintenance = PeriodicService("tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance)
+        self._maintenance = PeriodicService(
+            "tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance
+        )
 
     def _start_dispatcher(self, offset: int) -> ParallelDispatcher:
         """The store's dispatcher, starting at `offset` (a rebuild's replaces the first: its
         statistics are those of the records it dispatches again)."""
-        self.dispatcher = ParallelDispatcher(self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers)
+        self.dispatcher = ParallelDispatcher(
+            self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers
+        )
         if self.light_queues is not None:
             self.dispatcher.add_sink(self.light_queues)
         return self.dispatcher
@@ -408,13 +439,29 @@ class MessageStore:
             region = commit_log.warm_region()
             if region is not None:
                 mm, base, ready_end = region
-                index = write_records(mm, base, ready_end, messages, prepared, index, queue_offsets, store_timestamp, store_host, results, PutResult, commit_log, record.crc32)
+                index = write_records(
+                    mm,
+                    base,
+                    ready_end,
+                    messages,
+                    prepared,
+                    index,
+                    queue_offsets,
+                    store_timestamp,
+                    store_host,
+                    results,
+                    PutResult,
+                    commit_log,
+                    record.crc32,
+                )
                 if index == count:
                     break
             self._append_python(messages, prepared, store_timestamp, results, index, index + 1)
             index += 1
 
-    def _append_python(self, messages, prepared, store_timestamp: int, results: list[PutResult], start: int, stop: int) -> None:
+    def _append_python(
+        self, messages, prepared, store_timestamp: int, results: list[PutResult], start: int, stop: int
+    ) -> None:
         """`_append_locked` for messages[start:stop], in Python: the reference for the compiled
         loop, and the loop itself where it is not built."""
         commit_log = self.commit_log
@@ -522,8 +569,11 @@ class MessageStore:
             if type(result) is record.Invalid and result.offset not in self.damaged_records:
                 if len(self.damaged_records) < 100_000:
                     self.damaged_records.add(result.offset)
-                log.error("damaged record at commit-log offset %d (%s): skipped; 'tidemq store repair' sets it "
-                          "aside", result.offset, result.reason)
+                log.error(
+                    "damaged record at commit-log offset %d (%s): skipped; 'tidemq store repair' sets it aside",
+                    result.offset,
+                    result.reason,
+                )
             return None
         if DAMAGED_PROPERTY in result.properties:
             return None
@@ -566,7 +616,9 @@ class MessageStore:
             return 0
         return cq.offset_for_timestamp(timestamp, self.store_time_of, upper=upper)
 
-    def query_message(self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = 64) -> list[record.Record]:
+    def query_message(
+        self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = 64
+    ) -> list[record.Record]:
         """Records of `topic` whose UNIQ_KEY or a KEYS entry is `key`, stored within [begin, end]
         (ms), newest first (the key index; empty when it is disabled)."""
         from .index.key_index import query
@@ -613,8 +665,10 @@ class MessageStore:
             try:
                 moved = self._dispatch_pending()
                 if waiting_for_space:
-                    log.warning("dispatch goes on at commit-log offset %d: the disk has room again",
-                                self.dispatcher.dispatched_offset)
+                    log.warning(
+                        "dispatch goes on at commit-log offset %d: the disk has room again",
+                        self.dispatcher.dispatched_offset,
+                    )
                     waiting_for_space = False
                 if moved:
                     time.sleep(min(self.DISPATCH_PAUSE_MAX_S, moved * self.DISPATCH_PAUSE_PER_BYTE_S))
@@ -622,8 +676,12 @@ class MessageStore:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     log.exception("dispatch failed; retrying")
                 elif not waiting_for_space:
-                    log.error("dispatch waits at commit-log offset %d for disk space (%s); the records after it "
-                              "are stored, and readable once it goes on", self.dispatcher.dispatched_offset, exc)
+                    log.error(
+                        "dispatch waits at commit-log offset %d for disk space (%s); the records after it "
+                        "are stored, and readable once it goes on",
+                        self.dispatcher.dispatched_offset,
+                        exc,
+                    )
                     waiting_for_space = True
                 time.sleep(0.1)
             except Exception:
@@ -653,7 +711,9 @@ class MessageStore:
         dispatched = self.dispatcher.dispatched_offset
         behind = max(0, self.confirmed_offset - dispatched)
         newest = self._last_written[1]
-        millis = milliseconds_behind(self.commit_log, dispatched, self.dispatcher.stats.last_store_timestamp, newest, behind)
+        millis = milliseconds_behind(
+            self.commit_log, dispatched, self.dispatcher.stats.last_store_timestamp, newest, behind
+        )
         return DispatchLag(behind, millis, sink_lags(self.dispatcher, self.confirmed_offset, newest))
 
     # -- flushing and maintenance ----------------------------------------------------------------
@@ -717,7 +777,9 @@ class MessageStore:
         segments = list(self.commit_log.segments)
         cut_before = None
         for current, following in itertools.pairwise(segments):
-            first = self.commit_log.read_record(following.start, check_crc=False, read_body=False, read_properties=False)
+            first = self.commit_log.read_record(
+                following.start, check_crc=False, read_body=False, read_properties=False
+            )
             # records are in store-time order: the next segment's first record bounds this one's newest
             if type(first) is not record.Record or first.store_timestamp >= horizon:
                 break

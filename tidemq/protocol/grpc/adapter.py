@@ -246,8 +246,10 @@ class Connection(asyncio.Protocol):
                 if rest:
                     raise Refused(INTERNAL, "the request ends inside a message")
                 if len(messages) != 1:
-                    raise Refused(INTERNAL if messages else UNIMPLEMENTED,
-                                   "exactly one request message is required" if messages else "no request message")
+                    raise Refused(
+                        INTERNAL if messages else UNIMPLEMENTED,
+                        "exactly one request message is required" if messages else "no request message",
+                    )
                 rpc.request = messages[0]
         except Refused as exc:
             self.finish(rpc, exc.code, str(exc))
@@ -262,10 +264,12 @@ class Connection(asyncio.Protocol):
         while size - position >= 5:
             compressed, length = MESSAGE_PREFIX.unpack_from(received, position)
             if length > limit:
-                raise Refused(RESOURCE_EXHAUSTED, f"request message of {length} bytes is larger than the server accepts")
+                raise Refused(
+                    RESOURCE_EXHAUSTED, f"request message of {length} bytes is larger than the server accepts"
+                )
             if size - position - 5 < length:
                 break
-            message = bytes(memoryview(received)[position + 5:position + 5 + length])
+            message = bytes(memoryview(received)[position + 5 : position + 5 + length])
             position += 5 + length
             if compressed:
                 message = inflate(message, rpc.encoding, self.server.max_inflated_message_length)
@@ -281,7 +285,7 @@ class Connection(asyncio.Protocol):
         except Refused as exc:
             self._refuse(rpc, exc.code, str(exc))
             return
-        del received[:len(received) - rest]
+        del received[: len(received) - rest]
         decode = rpc.method.decode
         for data in messages:
             try:
@@ -350,7 +354,9 @@ class Connection(asyncio.Protocol):
         h2 = self.h2
         if message is not None and not rpc.headers_sent and code == OK:  # the usual unary answer
             rpc.headers_sent = True
-            closed = h2.respond(rpc.stream_id, RESPONSE_HEADERS, MESSAGE_PREFIX.pack(0, len(message)) + message, OK_TRAILERS)
+            closed = h2.respond(
+                rpc.stream_id, RESPONSE_HEADERS, MESSAGE_PREFIX.pack(0, len(message)) + message, OK_TRAILERS
+            )
         else:
             if message is not None:
                 rpc.finished = False
@@ -458,8 +464,11 @@ class Connection(asyncio.Protocol):
             log.info("closing a connection from %s: no HTTP/2 preface in %.0f s", self.peer, limits.preface_timeout_s)
             self.close()
         elif self.writing_paused_at is not None and now - self.writing_paused_at > limits.write_stall_timeout_s:
-            log.warning("dropping the connection from %s: it has read nothing for %.0f s", self.peer,
-                        limits.write_stall_timeout_s)
+            log.warning(
+                "dropping the connection from %s: it has read nothing for %.0f s",
+                self.peer,
+                limits.write_stall_timeout_s,
+            )
             self.closed = True
             self.transport.abort()
         elif not self.streams and not self.h2.streams and now - self.last_active > limits.idle_timeout_s:

@@ -32,12 +32,29 @@ class Method:
 class Rpc:
     """One call (one HTTP/2 stream), as a handler sees it."""
 
-    __slots__ = ("connection", "stream_id", "method", "metadata", "deadline", "request", "task", "cancelled",
-                 "on_unwritten", "encoding", "received", "remote_closed", "headers_sent", "finished", "messages",
-                 "reader", "unacknowledged")
+    __slots__ = (
+        "connection",
+        "stream_id",
+        "method",
+        "metadata",
+        "deadline",
+        "request",
+        "task",
+        "cancelled",
+        "on_unwritten",
+        "encoding",
+        "received",
+        "remote_closed",
+        "headers_sent",
+        "finished",
+        "messages",
+        "reader",
+        "unacknowledged",
+    )
 
-    def __init__(self, connection, stream_id: int, method: Method, metadata: tuple,
-                 deadline: float, encoding: str) -> None:
+    def __init__(
+        self, connection, stream_id: int, method: Method, metadata: tuple, deadline: float, encoding: str
+    ) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.method = method
@@ -63,7 +80,7 @@ class Rpc:
         return ""
 
     def peer(self) -> str:
-        """"ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412"."""
+        """ "ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412"."""
         return self.connection.peer
 
     def time_remaining(self) -> float:

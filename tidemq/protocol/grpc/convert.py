@@ -34,16 +34,28 @@ from ...store import record
 from .stubs import pb, svc
 
 MESSAGE_TYPE_NAMES = {
-    pb.NORMAL: "NORMAL", pb.FIFO: "FIFO", pb.DELAY: "DELAY", pb.TRANSACTION: "TRANSACTION",
-    pb.PRIORITY: "PRIORITY", pb.LITE: "LITE",
+    pb.NORMAL: "NORMAL",
+    pb.FIFO: "FIFO",
+    pb.DELAY: "DELAY",
+    pb.TRANSACTION: "TRANSACTION",
+    pb.PRIORITY: "PRIORITY",
+    pb.LITE: "LITE",
 }
 ACCEPT_MESSAGE_TYPES = {
-    "NORMAL": [pb.NORMAL], "FIFO": [pb.FIFO], "DELAY": [pb.DELAY], "TRANSACTION": [pb.TRANSACTION],
-    "PRIORITY": [pb.PRIORITY], "LITE": [pb.LITE], "MIXED": [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION],
+    "NORMAL": [pb.NORMAL],
+    "FIFO": [pb.FIFO],
+    "DELAY": [pb.DELAY],
+    "TRANSACTION": [pb.TRANSACTION],
+    "PRIORITY": [pb.PRIORITY],
+    "LITE": [pb.LITE],
+    "MIXED": [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION],
 }
 CLIENT_TYPE_NAMES = {
-    pb.PRODUCER: PRODUCER, pb.PUSH_CONSUMER: PUSH_CONSUMER, pb.SIMPLE_CONSUMER: SIMPLE_CONSUMER,
-    pb.PULL_CONSUMER: "PULL_CONSUMER", pb.LITE_PUSH_CONSUMER: "LITE_PUSH_CONSUMER",
+    pb.PRODUCER: PRODUCER,
+    pb.PUSH_CONSUMER: PUSH_CONSUMER,
+    pb.SIMPLE_CONSUMER: SIMPLE_CONSUMER,
+    pb.PULL_CONSUMER: "PULL_CONSUMER",
+    pb.LITE_PUSH_CONSUMER: "LITE_PUSH_CONSUMER",
     pb.LITE_SIMPLE_CONSUMER: "LITE_SIMPLE_CONSUMER",
 }
 RESOLUTION_NAMES = {pb.COMMIT: "COMMIT", pb.ROLLBACK: "ROLLBACK"}
@@ -70,7 +82,7 @@ def resource_name(resource: pb.Resource) -> str:
         return plain
     for prefix in _PREFIXES:
         if plain.startswith(prefix):
-            return f"{prefix}{namespace}{NAMESPACE_SEPARATOR}{plain[len(prefix):]}"
+            return f"{prefix}{namespace}{NAMESPACE_SEPARATOR}{plain[len(prefix) :]}"
     return f"{namespace}{NAMESPACE_SEPARATOR}{plain}"
 
 
@@ -81,8 +93,8 @@ def plain_name(wrapped: str, namespace: str) -> str:
     marker = f"{namespace}{NAMESPACE_SEPARATOR}"
     for prefix in _PREFIXES:
         if wrapped.startswith(prefix + marker):
-            return prefix + wrapped[len(prefix) + len(marker):]
-    return wrapped[len(marker):] if wrapped.startswith(marker) else wrapped
+            return prefix + wrapped[len(prefix) + len(marker) :]
+    return wrapped[len(marker) :] if wrapped.startswith(marker) else wrapped
 
 
 def endpoints(address: str) -> pb.Endpoints:
@@ -98,15 +110,18 @@ def endpoints(address: str) -> pb.Endpoints:
     return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
 
 
-def message_queues(topic: TopicConfig, resource: pb.Resource, broker_name: str, where: pb.Endpoints,
-                   queue_ids=None) -> list[pb.MessageQueue]:
+def message_queues(
+    topic: TopicConfig, resource: pb.Resource, broker_name: str, where: pb.Endpoints, queue_ids=None
+) -> list[pb.MessageQueue]:
     """The topic's queues as a client names them (`resource`: the topic of its request)."""
     permission = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE}.get(topic.perm, pb.NONE)
     accept = ACCEPT_MESSAGE_TYPES.get(topic.message_type, [pb.NORMAL])
     broker = pb.Broker(name=broker_name, id=0, endpoints=where)
     ids = range(topic.queue_nums) if queue_ids is None else queue_ids
-    return [pb.MessageQueue(topic=resource, id=qid, permission=permission, broker=broker,
-                            accept_message_types=accept) for qid in ids]
+    return [
+        pb.MessageQueue(topic=resource, id=qid, permission=permission, broker=broker, accept_message_types=accept)
+        for qid in ids
+    ]
 
 
 def publish_from(message: pb.Message) -> Publish:
@@ -143,8 +158,9 @@ def publish_from(message: pb.Message) -> Publish:
         delivery_timestamp=delivery_ms(sp.delivery_timestamp) if has("delivery_timestamp") else None,
         priority=priority,
         lite_topic=sp.lite_topic if has("lite_topic") else None,
-        transaction_recovery_seconds=(sp.orphaned_transaction_recovery_duration.seconds
-                                      if has("orphaned_transaction_recovery_duration") else None),
+        transaction_recovery_seconds=(
+            sp.orphaned_transaction_recovery_duration.seconds if has("orphaned_transaction_recovery_duration") else None
+        ),
     )
 
 
@@ -168,8 +184,15 @@ def _ms(timestamp) -> int:
     return timestamp.seconds * 1000 + timestamp.nanos // 1_000_000
 
 
-def fill_delivered_message(m: pb.Message, rec: record.Record, namespace: str, handle: str, attempt: int,
-                           invisible_ms: int, topic_name: str = "") -> None:
+def fill_delivered_message(
+    m: pb.Message,
+    rec: record.Record,
+    namespace: str,
+    handle: str,
+    attempt: int,
+    invisible_ms: int,
+    topic_name: str = "",
+) -> None:
     """Write a delivered record into the empty message `m` (in place: the caller passes the
     message field of the stream response, so nothing is copied).  `topic_name`: the topic it is
     delivered from when that is not the record's own (a light queue)."""
@@ -245,8 +268,10 @@ def delivered_message_type(properties: dict[str, str]) -> int:
 
 
 # Reserved properties most records carry: a record with no others has no user property to copy.
-_DELIVERY_PROPERTIES = frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY,
-                                  priorities.PROPERTY_PRIORITY}) & RESERVED_PROPERTIES
+_DELIVERY_PROPERTIES = (
+    frozenset({record.PROPERTY_TAGS, record.PROPERTY_KEYS, record.PROPERTY_UNIQ_KEY, priorities.PROPERTY_PRIORITY})
+    & RESERVED_PROPERTIES
+)
 
 
 @lru_cache(maxsize=64)
@@ -261,8 +286,12 @@ def _set_ms(timestamp_or_duration, ms: int) -> None:
     timestamp_or_duration.nanos = millis * 1_000_000
 
 
-LITE_ACTIONS = {pb.PARTIAL_ADD: PARTIAL_ADD, pb.PARTIAL_REMOVE: PARTIAL_REMOVE,
-                pb.COMPLETE_ADD: COMPLETE_ADD, pb.COMPLETE_REMOVE: COMPLETE_REMOVE}
+LITE_ACTIONS = {
+    pb.PARTIAL_ADD: PARTIAL_ADD,
+    pb.PARTIAL_REMOVE: PARTIAL_REMOVE,
+    pb.COMPLETE_ADD: COMPLETE_ADD,
+    pb.COMPLETE_REMOVE: COMPLETE_REMOVE,
+}
 _OFFSET_POLICIES = {0: "LAST", 1: "MIN", 2: "MAX"}
 
 
@@ -277,7 +306,9 @@ def offset_option(request) -> OffsetOption | None:
         raise BrokerError(Code.BAD_REQUEST, f"unknown offset policy {option.policy}")
     if which in ("offset", "tail_n", "timestamp") and getattr(option, which) < 0:
         raise BrokerError(Code.ILLEGAL_OFFSET, f"offset option {which} {getattr(option, which)} is negative")
-    return OffsetOption(policy=policy, **({which: getattr(option, which)} if which in ("offset", "tail_n", "timestamp") else {}))
+    return OffsetOption(
+        policy=policy, **({which: getattr(option, which)} if which in ("offset", "tail_n", "timestamp") else {})
+    )
 
 
 def unsubscribe_lite(command: UnsubscribeLite) -> svc.TelemetryCommand:

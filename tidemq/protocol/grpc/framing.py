@@ -88,6 +88,7 @@ def inflate(data: bytes, encoding: str, limit: int) -> bytes:
     except zlib.error as exc:
         raise Refused(INTERNAL, f"compressed request message: {exc}") from None
     if len(inflated) > limit or inflater.unconsumed_tail:
-        raise Refused(RESOURCE_EXHAUSTED, f"a request message larger than the {limit} octets the server accepts "
-                                           "once inflated")
+        raise Refused(
+            RESOURCE_EXHAUSTED, f"a request message larger than the {limit} octets the server accepts once inflated"
+        )
     return inflated

@@ -61,7 +61,7 @@ def _set_overall_status(response, failed: bool) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _host_of(peer: str) -> str:
-    """"ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412" -> the host."""
+    """ "ipv4:127.0.0.1:53412" / "ipv6:[::1]:53412" -> the host."""
     _, _, rest = peer.partition(":")
     host, _, _ = rest.rpartition(":")
     return host.strip("[]") or "127.0.0.1"
@@ -110,16 +110,32 @@ class MessagingService:
 
     def methods(self) -> dict[str, Method]:
         """The transport's method table: the RPCs the SDK makes (others are UNIMPLEMENTED)."""
+
         def method(name, kind, request_type, response_type):
             return Method(kind, getattr(self, name), request_type.FromString, response_type.SerializeToString)
 
-        table = {name: method(name, UNARY, getattr(svc, f"{name}Request"), getattr(svc, f"{name}Response"))
-                 for name in ("QueryRoute", "Heartbeat", "SendMessage", "QueryAssignment", "AckMessage",
-                              "ChangeInvisibleDuration", "ForwardMessageToDeadLetterQueue",
-                              "NotifyClientTermination", "EndTransaction", "RecallMessage", "SyncLiteSubscription")}
-        table["ReceiveMessage"] = method("ReceiveMessage", SERVER_STREAM, svc.ReceiveMessageRequest,
-                                         svc.ReceiveMessageResponse)
-        table["Telemetry"] = Method(BIDI_STREAM, self.Telemetry, _telemetry_command, svc.TelemetryCommand.SerializeToString)
+        table = {
+            name: method(name, UNARY, getattr(svc, f"{name}Request"), getattr(svc, f"{name}Response"))
+            for name in (
+                "QueryRoute",
+                "Heartbeat",
+                "SendMessage",
+                "QueryAssignment",
+                "AckMessage",
+                "ChangeInvisibleDuration",
+                "ForwardMessageToDeadLetterQueue",
+                "NotifyClientTermination",
+                "EndTransaction",
+                "RecallMessage",
+                "SyncLiteSubscription",
+            )
+        }
+        table["ReceiveMessage"] = method(
+            "ReceiveMessage", SERVER_STREAM, svc.ReceiveMessageRequest, svc.ReceiveMessageResponse
+        )
+        table["Telemetry"] = Method(
+            BIDI_STREAM, self.Telemetry, _telemetry_command, svc.TelemetryCommand.SerializeToString
+        )
         return {f"/{SERVICE}/{name}": m for name, m in table.items()}
 
     def _advertised(self, requested: pb.Endpoints) -> pb.Endpoints:
@@ -153,8 +169,11 @@ class MessagingService:
                 publishes.append(convert.publish_from(message))
             except BrokerError as exc:
                 publishes.append(exc)
-        stored = iter(await self.broker.send_batch([p for p in publishes if not isinstance(p, BrokerError)],
-                                                   lambda: _peer_host(rpc)))  # the peer costs 6 us: asked if needed
+        stored = iter(
+            await self.broker.send_batch(
+                [p for p in publishes if not isinstance(p, BrokerError)], lambda: _peer_host(rpc)
+            )
+        )  # the peer costs 6 us: asked if needed
         response = svc.SendMessageResponse()
         entries = response.entries
         failed = 0
@@ -165,9 +184,12 @@ class MessagingService:
                 entry.status.CopyFrom(convert.status(result.code, result.message))
                 failed += 1
             else:
-                entry = entries.add(message_id=result.message_id, offset=result.queue_offset,
-                                    transaction_id=result.transaction_id,
-                                    recall_handle=result.recall_handle)
+                entry = entries.add(
+                    message_id=result.message_id,
+                    offset=result.queue_offset,
+                    transaction_id=result.transaction_id,
+                    recall_handle=result.recall_handle,
+                )
                 entry.status.CopyFrom(convert.OK)
         _set_overall_status(response, failed > 0)
         return response
@@ -184,7 +206,9 @@ class MessagingService:
         where = self._advertised(request.endpoints)
         # a FIFO group is assigned every queue (a receive loop each), others one queue id -1
         queues = convert.message_queues(topic, request.topic, broker.config.broker_name, where, None if fifo else [-1])
-        return svc.QueryAssignmentResponse(status=convert.OK, assignments=[pb.Assignment(message_queue=q) for q in queues])
+        return svc.QueryAssignmentResponse(
+            status=convert.OK, assignments=[pb.Assignment(message_queue=q) for q in queues]
+        )
 
     async def ReceiveMessage(self, request, rpc):
         """The responses of one receive: status, one per message, delivery timestamp (or a single
@@ -220,7 +244,9 @@ class MessagingService:
         def unwritten(count: int) -> None:
             count = min(count - 1, len(received))  # the delivery timestamp is the last response
             if count > 0:
-                for queue, handles in _by_queue(req.topic, [(r.queue_topic, r.receipt_handle) for r in received[-count:]]):
+                for queue, handles in _by_queue(
+                    req.topic, [(r.queue_topic, r.receipt_handle) for r in received[-count:]]
+                ):
                     self.broker.release(req.group, queue, handles)
 
         rpc.on_unwritten = unwritten
@@ -231,8 +257,15 @@ class MessagingService:
         try:
             for r in received:
                 response = svc.ReceiveMessageResponse()
-                fill(response.message, r.record, namespace, r.receipt_handle, r.delivery_attempt, r.invisible_until - now,
-                     lite.delivered_topic(r, "") if r.queue_topic else "")
+                fill(
+                    response.message,
+                    r.record,
+                    namespace,
+                    r.receipt_handle,
+                    r.delivery_attempt,
+                    r.invisible_until - now,
+                    lite.delivered_topic(r, "") if r.queue_topic else "",
+                )
                 responses.append(response)
         except Exception:
             unwritten(len(received) + 1)  # none will be written: release them all
@@ -266,8 +299,12 @@ class MessagingService:
         try:
             _require(_client_id(rpc))
             topic = lite.queue_of(convert.resource_name(request.topic), request.lite_topic)
-            handle = self.broker.change_invisible(convert.resource_name(request.group), topic, request.receipt_handle,
-                                                  request.invisible_duration.ToMilliseconds())
+            handle = self.broker.change_invisible(
+                convert.resource_name(request.group),
+                topic,
+                request.receipt_handle,
+                request.invisible_duration.ToMilliseconds(),
+            )
             result_status = convert.OK
         except BrokerError as exc:
             result_status = convert.status(exc.code, exc.message)
@@ -310,8 +347,11 @@ class MessagingService:
                 if command is None:
                     return
                 if command is _UNDECODABLE:  # answered, then the stream ends: what follows is suspect
-                    await rpc.write(svc.TelemetryCommand(
-                        status=convert.status(Code.BAD_REQUEST, "the telemetry command cannot be decoded")))
+                    await rpc.write(
+                        svc.TelemetryCommand(
+                            status=convert.status(Code.BAD_REQUEST, "the telemetry command cannot be decoded")
+                        )
+                    )
                     return
                 if command.HasField("settings"):
                     await rpc.write(self._settings_reply(client_id, command.settings))
@@ -339,8 +379,9 @@ class MessagingService:
     @unary(svc.EndTransactionResponse)
     async def EndTransaction(self, request, rpc):
         resolution = convert.RESOLUTION_NAMES.get(request.resolution, "")
-        await self.broker.end_transaction(convert.resource_name(request.topic), request.message_id,
-                                          request.transaction_id, resolution)
+        await self.broker.end_transaction(
+            convert.resource_name(request.topic), request.message_id, request.transaction_id, resolution
+        )
         return svc.EndTransactionResponse(status=convert.OK)
 
     @unary(svc.RecallMessageResponse)
@@ -356,9 +397,15 @@ class MessagingService:
         names = list(request.lite_topic_set)
         if action == lite.PARTIAL_ADD and rpc.metadata_value(LANGUAGE_HEADER) == "PYTHON":
             names = lite.python_partial_add(names)
-        self.broker.lite.sync(_client_id(rpc), convert.resource_name(request.group), convert.resource_name(request.topic),
-                              action, names, request.version if request.HasField("version") else None,
-                              convert.offset_option(request))
+        self.broker.lite.sync(
+            _client_id(rpc),
+            convert.resource_name(request.group),
+            convert.resource_name(request.topic),
+            action,
+            names,
+            request.version if request.HasField("version") else None,
+            convert.offset_option(request),
+        )
         return svc.SyncLiteSubscriptionResponse(status=convert.OK)
 
 

@@ -26,8 +26,16 @@ from .adapter import Connection
 from .calls import BIDI_STREAM, SERVER_STREAM, UNARY, Method, Resume, Rpc
 from .framing import CANCELLED, INTERNAL, OK, UNKNOWN
 
-__all__ = ["BIDI_STREAM", "DEFAULT_MAX_RECEIVE_MESSAGE", "PREFACE", "SERVER_STREAM", "UNARY", "GrpcServer", "Method",
-           "Rpc"]
+__all__ = [
+    "BIDI_STREAM",
+    "DEFAULT_MAX_RECEIVE_MESSAGE",
+    "PREFACE",
+    "SERVER_STREAM",
+    "UNARY",
+    "GrpcServer",
+    "Method",
+    "Rpc",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +46,13 @@ DEFAULT_MAX_RECEIVE_MESSAGE = 16 << 20
 class GrpcServer:
     """Serves `methods` ({"/package.Service/Method": Method}) on the running event loop."""
 
-    def __init__(self, methods: dict[str, Method], max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE,
-                 limits: Limits | None = None, max_inflated_message_length: int | None = None) -> None:
+    def __init__(
+        self,
+        methods: dict[str, Method],
+        max_receive_message_length: int = DEFAULT_MAX_RECEIVE_MESSAGE,
+        limits: Limits | None = None,
+        max_inflated_message_length: int | None = None,
+    ) -> None:
         """`max_receive_message_length`: the largest request message, as sent; a compressed one
         inflates to at most `max_inflated_message_length` (default: the same)."""
         self.methods = dict(methods)
@@ -111,8 +124,9 @@ class GrpcServer:
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=CANCELLED_CALLS_WAIT_S)
             if pending:
-                log.warning("gRPC calls still open %.0f s after cancelling them; stopping anyway",
-                            CANCELLED_CALLS_WAIT_S)
+                log.warning(
+                    "gRPC calls still open %.0f s after cancelling them; stopping anyway", CANCELLED_CALLS_WAIT_S
+                )
         for connection in list(self._connections):
             connection.close()
         self._server = None

@@ -14,5 +14,14 @@ from .connection import (
 )
 from .limits import Limits
 
-__all__ = ["DataReceived", "DataSent", "H2Connection", "Limits", "ProtocolError", "RequestReceived",
-           "StreamClosed", "StreamReset", "TrailersReceived"]
+__all__ = [
+    "DataReceived",
+    "DataSent",
+    "H2Connection",
+    "Limits",
+    "ProtocolError",
+    "RequestReceived",
+    "StreamClosed",
+    "StreamReset",
+    "TrailersReceived",
+]

@@ -28,8 +28,16 @@ from .events import DataReceived, DataSent, RequestReceived, StreamClosed, Strea
 from .headers import StreamError, check_request_headers, check_trailers
 from .limits import Limits
 
-__all__ = ["DataReceived", "DataSent", "H2Connection", "ProtocolError", "RequestReceived", "StreamClosed",
-           "StreamReset", "TrailersReceived"]
+__all__ = [
+    "DataReceived",
+    "DataSent",
+    "H2Connection",
+    "ProtocolError",
+    "RequestReceived",
+    "StreamClosed",
+    "StreamReset",
+    "TrailersReceived",
+]
 
 _CLOSED_IDS_KEPT = 4096  # closed streams remembered for precise errors on late frames
 
@@ -44,8 +52,18 @@ class ProtocolError(Exception):
 
 
 class _Stream:
-    __slots__ = ("stream_id", "remote_closed", "local_closed", "send_window", "receive_window", "receive_unacked",
-                 "outbound", "trailers", "content_length", "data_length")
+    __slots__ = (
+        "stream_id",
+        "remote_closed",
+        "local_closed",
+        "send_window",
+        "receive_window",
+        "receive_unacked",
+        "outbound",
+        "trailers",
+        "content_length",
+        "data_length",
+    )
 
     def __init__(self, stream_id: int, send_window: int, receive_window: int) -> None:
         self.stream_id = stream_id
@@ -100,13 +118,17 @@ class H2Connection:
     def initiate(self) -> None:
         """Queue the server's connection preface: its SETTINGS and the connection window."""
         limits = self.limits
-        self.out.append(f.settings_frame({
-            f.SETTINGS_MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
-            f.SETTINGS_ENABLE_PUSH: 0,
-            f.SETTINGS_INITIAL_WINDOW_SIZE: limits.stream_window,
-            f.SETTINGS_MAX_FRAME_SIZE: limits.max_frame_size,
-            f.SETTINGS_MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
-        }))
+        self.out.append(
+            f.settings_frame(
+                {
+                    f.SETTINGS_MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+                    f.SETTINGS_ENABLE_PUSH: 0,
+                    f.SETTINGS_INITIAL_WINDOW_SIZE: limits.stream_window,
+                    f.SETTINGS_MAX_FRAME_SIZE: limits.max_frame_size,
+                    f.SETTINGS_MAX_HEADER_LIST_SIZE: limits.max_header_list_size,
+                }
+            )
+        )
         if limits.connection_window > f.DEFAULT_WINDOW:
             self.out.append(f.window_update(0, limits.connection_window - f.DEFAULT_WINDOW))
 
@@ -168,13 +190,24 @@ class H2Connection:
         if stream is None or stream.local_closed:
             return False
         size = len(data)
-        if (size <= self.send_window and size <= stream.send_window and size <= self.max_send_frame
-                and len(headers) <= self.max_send_frame and len(trailers) <= self.max_send_frame and not stream.outbound):
+        if (
+            size <= self.send_window
+            and size <= stream.send_window
+            and size <= self.max_send_frame
+            and len(headers) <= self.max_send_frame
+            and len(trailers) <= self.max_send_frame
+            and not stream.outbound
+        ):
             self.send_window -= size
             stream.send_window -= size
-            self.out += (f.frame_header(f.HEADERS, f.END_HEADERS, stream_id, len(headers)), headers,
-                         f.frame_header(f.DATA, 0, stream_id, size), data,
-                         f.frame_header(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, len(trailers)), trailers)
+            self.out += (
+                f.frame_header(f.HEADERS, f.END_HEADERS, stream_id, len(headers)),
+                headers,
+                f.frame_header(f.DATA, 0, stream_id, size),
+                data,
+                f.frame_header(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, len(trailers)),
+                trailers,
+            )
             stream.local_closed = True
             self._closed_locally(stream)
             return True
@@ -290,8 +323,9 @@ class H2Connection:
             self.acknowledge_received_data(stream_id, length - len(data))
         stream.data_length += len(data)
         end = flags & f.END_STREAM
-        if stream.content_length is not None and (stream.data_length > stream.content_length or
-                                                  (end and stream.data_length != stream.content_length)):
+        if stream.content_length is not None and (
+            stream.data_length > stream.content_length or (end and stream.data_length != stream.content_length)
+        ):
             self._stream_error(stream_id, f.PROTOCOL_ERROR, events)
             return
         if end:
@@ -324,8 +358,10 @@ class H2Connection:
         if continuing is None:
             if stream_id == 0 or stream_id > self.last_stream_id:
                 raise ProtocolError(f.PROTOCOL_ERROR, "CONTINUATION without a header block")
-            raise ProtocolError(f.PROTOCOL_ERROR if stream_id in self.streams or stream_id not in self._closed_ids
-                                else f.STREAM_CLOSED, "CONTINUATION without a header block")
+            raise ProtocolError(
+                f.PROTOCOL_ERROR if stream_id in self.streams or stream_id not in self._closed_ids else f.STREAM_CLOSED,
+                "CONTINUATION without a header block",
+            )
         if continuing[0] != stream_id:
             raise ProtocolError(f.PROTOCOL_ERROR, "CONTINUATION of another stream's header block")
         block = continuing[2]
@@ -496,8 +532,18 @@ class H2Connection:
     def _ignore(self, flags: int, stream_id: int, payload: bytes, events: list) -> None:
         pass
 
-    _handlers = (_on_data, _on_headers, _on_priority, _on_rst_stream, _on_settings, _on_push_promise, _on_ping,
-                 _on_goaway, _on_window_update, _on_continuation)
+    _handlers = (
+        _on_data,
+        _on_headers,
+        _on_priority,
+        _on_rst_stream,
+        _on_settings,
+        _on_push_promise,
+        _on_ping,
+        _on_goaway,
+        _on_window_update,
+        _on_continuation,
+    )
 
     # -- streams --
 
@@ -509,7 +555,9 @@ class H2Connection:
         if reset_by_server:
             return  # the client may not have heard of the reset yet: ignored (RFC 9113 §5.4.2)
         if reset_by_server is None and what == "HEADERS":
-            raise ProtocolError(f.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}, not above {self.last_stream_id}")
+            raise ProtocolError(
+                f.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}, not above {self.last_stream_id}"
+            )
         raise ProtocolError(f.STREAM_CLOSED, f"{what} on closed stream {stream_id}")
 
     def _stream_error(self, stream_id: int, code: int, events: list) -> None:
@@ -528,15 +576,17 @@ class H2Connection:
     def _count_early_reset(self) -> None:
         self.early_resets += 1
         if self.early_resets >= self.limits.early_reset_streams and self.early_resets * 2 > self.streams_opened:
-            raise ProtocolError(f.ENHANCE_YOUR_CALM, f"{self.early_resets} of {self.streams_opened} streams reset "
-                                "before their answer")
+            raise ProtocolError(
+                f.ENHANCE_YOUR_CALM, f"{self.early_resets} of {self.streams_opened} streams reset before their answer"
+            )
 
     def _queue_control(self, data: bytes) -> None:
         self.out.append(data)
         self._control_queued += 1
         if self._control_queued > self.limits.max_queued_control_frames:
-            raise ProtocolError(f.ENHANCE_YOUR_CALM, f"{self._control_queued} control frames answered that the "
-                                "client has not read")
+            raise ProtocolError(
+                f.ENHANCE_YOUR_CALM, f"{self._control_queued} control frames answered that the client has not read"
+            )
 
     def _header_frames(self, stream_id: int, block: bytes, end_stream: bool) -> None:
         size = self.max_send_frame
@@ -544,7 +594,7 @@ class H2Connection:
         if len(block) <= size:
             self.out += (f.frame_header(f.HEADERS, f.END_HEADERS | end, stream_id, len(block)), block)
             return
-        pieces = [block[i:i + size] for i in range(0, len(block), size)]
+        pieces = [block[i : i + size] for i in range(0, len(block), size)]
         self.out.append(f.frame(f.HEADERS, end, stream_id, pieces[0]))
         for i, piece in enumerate(pieces[1:], 2):
             self.out.append(f.frame(f.CONTINUATION, f.END_HEADERS if i == len(pieces) else 0, stream_id, piece))
@@ -631,5 +681,5 @@ def _unpad(flags: int, payload: bytes) -> bytes:
     if flags & f.PADDED:
         if not payload or payload[0] >= len(payload):
             raise ProtocolError(f.PROTOCOL_ERROR, "padding as long as the frame")
-        return payload[1:len(payload) - payload[0]]
+        return payload[1 : len(payload) - payload[0]]
     return payload

@@ -7,6 +7,7 @@ __all__ = ["DataReceived", "DataSent", "RequestReceived", "StreamClosed", "Strea
 
 class RequestReceived:
     """A client opened stream `stream_id` with valid request headers."""
+
     __slots__ = ("stream_id", "headers", "end_stream")
 
     def __init__(self, stream_id: int, headers: list, end_stream: bool) -> None:
@@ -15,6 +16,7 @@ class RequestReceived:
 
 class DataReceived:
     """Request octets (padding removed), to be acknowledged once consumed."""
+
     __slots__ = ("stream_id", "data", "end_stream")
 
     def __init__(self, stream_id: int, data: bytes, end_stream: bool) -> None:
@@ -23,6 +25,7 @@ class DataReceived:
 
 class TrailersReceived:
     """The client ended its side of `stream_id` with a header block (its fields are dropped)."""
+
     __slots__ = ("stream_id",)
 
     def __init__(self, stream_id: int) -> None:
@@ -32,6 +35,7 @@ class TrailersReceived:
 class StreamReset:
     """`stream_id` ended before the server finished it: reset by the client (`remote`) or by the
     server for a stream error.  `unsent`: the tokens of the DATA it never sent."""
+
     __slots__ = ("stream_id", "error_code", "remote", "unsent")
 
     def __init__(self, stream_id: int, error_code: int, remote: bool, unsent: list) -> None:
@@ -40,6 +44,7 @@ class StreamReset:
 
 class DataSent:
     """The DATA queued with `token` on `stream_id` has been sent."""
+
     __slots__ = ("stream_id", "token")
 
     def __init__(self, stream_id: int, token) -> None:
@@ -48,6 +53,7 @@ class DataSent:
 
 class StreamClosed:
     """The server's END_STREAM on `stream_id`, which waited for flow-control window, is sent."""
+
     __slots__ = ("stream_id",)
 
     def __init__(self, stream_id: int) -> None:

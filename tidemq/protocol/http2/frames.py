@@ -106,7 +106,7 @@ class FrameBuffer:
             if end > size:
                 self._needed = HEADER_SIZE + length
                 break
-            frames.append((length_type & 0xFF, flags, stream_id & 0x7FFFFFFF, data[position + HEADER_SIZE:end]))
+            frames.append((length_type & 0xFF, flags, stream_id & 0x7FFFFFFF, data[position + HEADER_SIZE : end]))
             position = end
         else:
             self._needed = HEADER_SIZE

@@ -29,22 +29,67 @@ class HpackError(Exception):
 # The static table (RFC 7541 Appendix A); index 0 is not a valid index.
 _STATIC_TABLE: tuple[tuple[str, str], ...] = (
     ("", ""),
-    (":authority", ""), (":method", "GET"), (":method", "POST"), (":path", "/"),
-    (":path", "/index.html"), (":scheme", "http"), (":scheme", "https"), (":status", "200"),
-    (":status", "204"), (":status", "206"), (":status", "304"), (":status", "400"),
-    (":status", "404"), (":status", "500"), ("accept-charset", ""),
-    ("accept-encoding", "gzip, deflate"), ("accept-language", ""), ("accept-ranges", ""),
-    ("accept", ""), ("access-control-allow-origin", ""), ("age", ""), ("allow", ""),
-    ("authorization", ""), ("cache-control", ""), ("content-disposition", ""),
-    ("content-encoding", ""), ("content-language", ""), ("content-length", ""),
-    ("content-location", ""), ("content-range", ""), ("content-type", ""), ("cookie", ""),
-    ("date", ""), ("etag", ""), ("expect", ""), ("expires", ""), ("from", ""), ("host", ""),
-    ("if-match", ""), ("if-modified-since", ""), ("if-none-match", ""), ("if-range", ""),
-    ("if-unmodified-since", ""), ("last-modified", ""), ("link", ""), ("location", ""),
-    ("max-forwards", ""), ("proxy-authenticate", ""), ("proxy-authorization", ""), ("range", ""),
-    ("referer", ""), ("refresh", ""), ("retry-after", ""), ("server", ""), ("set-cookie", ""),
-    ("strict-transport-security", ""), ("transfer-encoding", ""), ("user-agent", ""), ("vary", ""),
-    ("via", ""), ("www-authenticate", ""),
+    (":authority", ""),
+    (":method", "GET"),
+    (":method", "POST"),
+    (":path", "/"),
+    (":path", "/index.html"),
+    (":scheme", "http"),
+    (":scheme", "https"),
+    (":status", "200"),
+    (":status", "204"),
+    (":status", "206"),
+    (":status", "304"),
+    (":status", "400"),
+    (":status", "404"),
+    (":status", "500"),
+    ("accept-charset", ""),
+    ("accept-encoding", "gzip, deflate"),
+    ("accept-language", ""),
+    ("accept-ranges", ""),
+    ("accept", ""),
+    ("access-control-allow-origin", ""),
+    ("age", ""),
+    ("allow", ""),
+    ("authorization", ""),
+    ("cache-control", ""),
+    ("content-disposition", ""),
+    ("content-encoding", ""),
+    ("content-language", ""),
+    ("content-length", ""),
+    ("content-location", ""),
+    ("content-range", ""),
+    ("content-type", ""),
+    ("cookie", ""),
+    ("date", ""),
+    ("etag", ""),
+    ("expect", ""),
+    ("expires", ""),
+    ("from", ""),
+    ("host", ""),
+    ("if-match", ""),
+    ("if-modified-since", ""),
+    ("if-none-match", ""),
+    ("if-range", ""),
+    ("if-unmodified-since", ""),
+    ("last-modified", ""),
+    ("link", ""),
+    ("location", ""),
+    ("max-forwards", ""),
+    ("proxy-authenticate", ""),
+    ("proxy-authorization", ""),
+    ("range", ""),
+    ("referer", ""),
+    ("refresh", ""),
+    ("retry-after", ""),
+    ("server", ""),
+    ("set-cookie", ""),
+    ("strict-transport-security", ""),
+    ("transfer-encoding", ""),
+    ("user-agent", ""),
+    ("vary", ""),
+    ("via", ""),
+    ("www-authenticate", ""),
 )
 _STATIC_LENGTH = len(_STATIC_TABLE)  # 62: dynamic indices start here
 _ENTRY_OVERHEAD = 32  # octets added to len(name) + len(value) for an entry's size (§4.1)
@@ -70,7 +115,8 @@ class Decoder:
         # ((name, value), size) by index: the static table, then the dynamic table, newest first,
         # so one subscript serves both (§2.3.3). Index 0 is invalid, its entry never read.
         self._entries: list[tuple[tuple[str, str], int]] = [
-            (field, len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD) for field in _STATIC_TABLE]
+            (field, len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD) for field in _STATIC_TABLE
+        ]
         self._table_size = 0  # the dynamic table's size: the sum of its entries' sizes
         self._table_limit = max_table_size  # its current maximum, which size updates change
         self._max_table_size = max_table_size
@@ -122,8 +168,7 @@ class Decoder:
                 if limit == 0x1F:
                     limit, pos = _decode_integer(block, pos, limit)
                 if limit > self._max_table_size:
-                    raise HpackError(f"dynamic table size update to {limit}, above the {self._max_table_size}"
-                                     f" allowed")
+                    raise HpackError(f"dynamic table size update to {limit}, above the {self._max_table_size} allowed")
                 self._table_limit = limit
                 self._evict(limit)
                 continue
@@ -154,8 +199,10 @@ class Decoder:
         return (name, value), len(name) + len(value) + _ENTRY_OVERHEAD, pos
 
     def _bad_index(self, index: int) -> str:
-        return (f"index {index} outside the table ({_STATIC_LENGTH - 1} static and"
-                f" {len(self._entries) - _STATIC_LENGTH} dynamic entries)")
+        return (
+            f"index {index} outside the table ({_STATIC_LENGTH - 1} static and"
+            f" {len(self._entries) - _STATIC_LENGTH} dynamic entries)"
+        )
 
     def _add(self, field: tuple[str, str], size: int) -> None:
         """Inserts an entry, evicting the oldest ones to make room (§4.4)."""
@@ -211,25 +258,267 @@ def _decode_string(block: bytes, pos: int, end: int) -> tuple[str, int]:
 # Huffman code (RFC 7541 Appendix B): the code length in bits of each symbol, octets 0-255 then EOS
 # (256). The code is canonical: sorted by (length, symbol), each code is the previous one plus one,
 # shifted left by the growth in length, so the lengths alone define it.
-_HUFFMAN_CODE_LENGTHS = bytes((
-    13, 23, 28, 28, 28, 28, 28, 28, 28, 24, 30, 28, 28, 30, 28, 28,  # 0x00
-    28, 28, 28, 28, 28, 28, 30, 28, 28, 28, 28, 28, 28, 28, 28, 28,  # 0x10
-    6, 10, 10, 12, 13, 6, 8, 11, 10, 10, 8, 11, 8, 6, 6, 6,  # 0x20 ' '
-    5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 7, 8, 15, 6, 12, 10,  # 0x30 '0'
-    13, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7,  # 0x40 '@'
-    7, 7, 7, 7, 7, 7, 7, 7, 8, 7, 8, 13, 19, 13, 14, 6,  # 0x50 'P'
-    15, 5, 6, 5, 6, 5, 6, 6, 6, 5, 7, 7, 6, 6, 6, 5,  # 0x60 '`'
-    6, 7, 6, 5, 5, 6, 7, 7, 7, 7, 7, 15, 11, 14, 13, 28,  # 0x70 'p'
-    20, 22, 20, 20, 22, 22, 22, 23, 22, 23, 23, 23, 23, 23, 24, 23,  # 0x80
-    24, 24, 22, 23, 24, 23, 23, 23, 23, 21, 22, 23, 22, 23, 23, 24,  # 0x90
-    22, 21, 20, 22, 22, 23, 23, 21, 23, 22, 22, 24, 21, 22, 23, 23,  # 0xa0
-    21, 21, 22, 21, 23, 22, 23, 23, 20, 22, 22, 22, 23, 22, 22, 23,  # 0xb0
-    26, 26, 20, 19, 22, 23, 22, 25, 26, 26, 26, 27, 27, 26, 24, 25,  # 0xc0
-    19, 21, 26, 27, 27, 26, 27, 24, 21, 21, 26, 26, 28, 27, 27, 27,  # 0xd0
-    20, 24, 20, 21, 22, 21, 21, 23, 22, 22, 25, 25, 24, 24, 26, 23,  # 0xe0
-    26, 27, 26, 26, 27, 27, 27, 27, 27, 28, 27, 27, 27, 27, 27, 26,  # 0xf0
-    30,  # EOS
-))
+_HUFFMAN_CODE_LENGTHS = bytes(
+    (
+        13,
+        23,
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,
+        24,
+        30,
+        28,
+        28,
+        30,
+        28,
+        28,  # 0x00
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,
+        30,
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,
+        28,  # 0x10
+        6,
+        10,
+        10,
+        12,
+        13,
+        6,
+        8,
+        11,
+        10,
+        10,
+        8,
+        11,
+        8,
+        6,
+        6,
+        6,  # 0x20 ' '
+        5,
+        5,
+        5,
+        6,
+        6,
+        6,
+        6,
+        6,
+        6,
+        6,
+        7,
+        8,
+        15,
+        6,
+        12,
+        10,  # 0x30 '0'
+        13,
+        6,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,  # 0x40 '@'
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        7,
+        8,
+        7,
+        8,
+        13,
+        19,
+        13,
+        14,
+        6,  # 0x50 'P'
+        15,
+        5,
+        6,
+        5,
+        6,
+        5,
+        6,
+        6,
+        6,
+        5,
+        7,
+        7,
+        6,
+        6,
+        6,
+        5,  # 0x60 '`'
+        6,
+        7,
+        6,
+        5,
+        5,
+        6,
+        7,
+        7,
+        7,
+        7,
+        7,
+        15,
+        11,
+        14,
+        13,
+        28,  # 0x70 'p'
+        20,
+        22,
+        20,
+        20,
+        22,
+        22,
+        22,
+        23,
+        22,
+        23,
+        23,
+        23,
+        23,
+        23,
+        24,
+        23,  # 0x80
+        24,
+        24,
+        22,
+        23,
+        24,
+        23,
+        23,
+        23,
+        23,
+        21,
+        22,
+        23,
+        22,
+        23,
+        23,
+        24,  # 0x90
+        22,
+        21,
+        20,
+        22,
+        22,
+        23,
+        23,
+        21,
+        23,
+        22,
+        22,
+        24,
+        21,
+        22,
+        23,
+        23,  # 0xa0
+        21,
+        21,
+        22,
+        21,
+        23,
+        22,
+        23,
+        23,
+        20,
+        22,
+        22,
+        22,
+        23,
+        22,
+        22,
+        23,  # 0xb0
+        26,
+        26,
+        20,
+        19,
+        22,
+        23,
+        22,
+        25,
+        26,
+        26,
+        26,
+        27,
+        27,
+        26,
+        24,
+        25,  # 0xc0
+        19,
+        21,
+        26,
+        27,
+        27,
+        26,
+        27,
+        24,
+        21,
+        21,
+        26,
+        26,
+        28,
+        27,
+        27,
+        27,  # 0xd0
+        20,
+        24,
+        20,
+        21,
+        22,
+        21,
+        21,
+        23,
+        22,
+        22,
+        25,
+        25,
+        24,
+        24,
+        26,
+        23,  # 0xe0
+        26,
+        27,
+        26,
+        26,
+        27,
+        27,
+        27,
+        27,
+        27,
+        28,
+        27,
+        27,
+        27,
+        27,
+        27,
+        26,  # 0xf0
+        30,  # EOS
+    )
+)
 _EOS = 256
 
 # The byte-at-a-time decoding machine, built on first use. Its states are the internal nodes of the

@@ -38,9 +38,16 @@ class Limits:
         for name in ("stream_window", "connection_window"):
             if not 65535 <= getattr(self, name) <= (1 << 31) - 1:
                 raise ValueError(f"{name} {getattr(self, name)} is not in [65535, 2^31-1]")
-        for name in ("max_concurrent_streams", "max_header_list_size", "max_continuation_frames",
-                     "max_queued_control_frames", "max_queued_output", "max_request_buffer", "early_reset_streams",
-                     "max_connections"):
+        for name in (
+            "max_concurrent_streams",
+            "max_header_list_size",
+            "max_continuation_frames",
+            "max_queued_control_frames",
+            "max_queued_output",
+            "max_request_buffer",
+            "early_reset_streams",
+            "max_connections",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("preface_timeout_s", "idle_timeout_s", "write_stall_timeout_s"):

@@ -133,8 +133,12 @@ class BatchBuilder:
     MAX_SEGMENTS = 4
 
     def __init__(
-        self, consume_queue_root: str, default_units_per_file: int, index_enabled: bool,
-        units_per_file: dict[QueueKey, int] | None = None, faults: WorkerFaults | None = None,
+        self,
+        consume_queue_root: str,
+        default_units_per_file: int,
+        index_enabled: bool,
+        units_per_file: dict[QueueKey, int] | None = None,
+        faults: WorkerFaults | None = None,
     ) -> None:
         self.root = Path(consume_queue_root)
         self.default_units_per_file = default_units_per_file
@@ -156,7 +160,9 @@ class BatchBuilder:
         self.faults = faults  # where a crash test's worker dies (see faults); None: nowhere
         self.coordinator_pid = 0  # set in a worker: stop before writing a batch if the coordinator died
         self.hold_index = False  # keep each batch's index entries for `append_index`
-        self.between_steps: Callable[[], None] | None = None  # called between decoding a batch and writing it (a worker answers appends there)
+        self.between_steps: Callable[[], None] | None = (
+            None  # called between decoding a batch and writing it (a worker answers appends there)
+        )
         # this builder owns the queues `owner_of(..., owners)` gives it; of the others it writes
         # the runs while under half its budget and hands the rest over (`UnitsHandover`), unless
         # the batch names `direct_queues` at most; one owner: every queue is its own
@@ -274,8 +280,13 @@ class BatchBuilder:
             self._held[request.batch_id] = (hashes[done:], phys[done:], times[done:])
         else:
             del self._held[request.batch_id]
-        return IndexAppended(request.batch_id, done, len(hashes) - done, int(times[done]) if done < len(hashes) else 0,
-                             int(times[done - 1]) if done else 0)
+        return IndexAppended(
+            request.batch_id,
+            done,
+            len(hashes) - done,
+            int(times[done]) if done < len(hashes) else 0,
+            int(times[done - 1]) if done else 0,
+        )
 
     def forget_index_files(self) -> None:
         for index in self._index_files.values():
@@ -330,8 +341,20 @@ class BatchBuilder:
         unit_bytes = memoryview(units.tobytes())
 
         def write(groups: np.ndarray, open_file) -> list[int]:  # `_write_groups` of these groups, rotated
-            return self._write_groups(names, self._rotated(groups), group_topic_ids, group_queue_ids, firsts, starts, stops, contiguous,
-                                      slots, units, unit_bytes, open_file)
+            return self._write_groups(
+                names,
+                self._rotated(groups),
+                group_topic_ids,
+                group_queue_ids,
+                firsts,
+                starts,
+                stops,
+                contiguous,
+                slots,
+                units,
+                unit_bytes,
+                open_file,
+            )
 
         if self.owners > 1 and len(starts) > self.direct_queues:
             group_owners = self._owners_of(names, group_topic_ids, group_queue_ids)
@@ -355,17 +378,35 @@ class BatchBuilder:
                 picked_rows = np.repeat(picked, stops - starts)
                 picked = np.flatnonzero(picked)
                 handover = UnitsHandover(
-                    batch_id, names, group_topic_ids[picked], group_queue_ids[picked], firsts[picked], (stops - starts)[picked],
-                    None if contiguous[picked].all() else slots[picked_rows], units[picked_rows].tobytes(),
+                    batch_id,
+                    names,
+                    group_topic_ids[picked],
+                    group_queue_ids[picked],
+                    firsts[picked],
+                    (stops - starts)[picked],
+                    None if contiguous[picked].all() else slots[picked_rows],
+                    units[picked_rows].tobytes(),
                 )
                 handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
         else:  # every queue is this builder's
             write(np.arange(len(starts)), self._queue_file)
         return runs, handovers
 
-    def _write_groups(self, names: list[str], order: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray,
-                      starts: np.ndarray, stops: np.ndarray, whole: np.ndarray, slots: np.ndarray | None, units: np.ndarray,
-                      unit_bytes: memoryview, open_file) -> list[int]:
+    def _write_groups(
+        self,
+        names: list[str],
+        order: np.ndarray,
+        topic_ids: np.ndarray,
+        queue_ids: np.ndarray,
+        firsts: np.ndarray,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        whole: np.ndarray,
+        slots: np.ndarray | None,
+        units: np.ndarray,
+        unit_bytes: memoryview,
+        open_file,
+    ) -> list[int]:
         """Write queues' units: for each group i of `order`, in that order, the queue
         (names[topic_ids[i]], queue_ids[i]) gets units[starts[i]:stops[i]]; a `whole` group's go to
         the slots from firsts[i] on, one copy per queue file (by `_dispatch.write_runs` where it is
@@ -381,21 +422,36 @@ class BatchBuilder:
                 table = np.empty((len(runs), 5), np.int64)
                 for column, values in enumerate((topic_ids, queue_ids, firsts, starts, stops)):
                     table[:, column] = values[runs]
-                skipped = _write_runs(self._files, names, self._units_per_file, self.default_units_per_file, table, unit_bytes, open_file,
-                                      self._run_cache)
+                skipped = _write_runs(
+                    self._files,
+                    names,
+                    self._units_per_file,
+                    self.default_units_per_file,
+                    table,
+                    unit_bytes,
+                    open_file,
+                    self._run_cache,
+                )
                 unwritten = runs[skipped].tolist() if skipped else []
             order = order[~whole[order]]
         files = self._files
         upf_of = self._units_per_file
         default_upf = self.default_units_per_file
         for group, start, stop, first, run, tid, queue_id in zip(
-            order.tolist(), starts[order].tolist(), stops[order].tolist(), firsts[order].tolist(), whole[order].tolist(),
-            topic_ids[order].tolist(), queue_ids[order].tolist(),
+            order.tolist(),
+            starts[order].tolist(),
+            stops[order].tolist(),
+            firsts[order].tolist(),
+            whole[order].tolist(),
+            topic_ids[order].tolist(),
+            queue_ids[order].tolist(),
         ):
             topic = names[tid]
             upf = upf_of.get((topic, queue_id), default_upf)
             if counted or not run:
-                group_slots = slots[start:stop].tolist() if slots is not None else list(range(first, first + stop - start))
+                group_slots = (
+                    slots[start:stop].tolist() if slots is not None else list(range(first, first + stop - start))
+                )
                 self._write_slots(topic, queue_id, upf, group_slots, units[start:stop].tolist())
                 continue
             done = start
@@ -419,12 +475,17 @@ class BatchBuilder:
         time, the queues in the same order."""
         groups: dict[int, tuple[int, int, list[int], list[tuple[int, int, int]]]] = {}
         for sysflag, topic_id, queue_id, slot, unit in zip(
-            columns.sysflags.tolist(), columns.topic_ids.tolist(), columns.queue_ids.tolist(), columns.queue_offsets.tolist(),
+            columns.sysflags.tolist(),
+            columns.topic_ids.tolist(),
+            columns.queue_ids.tolist(),
+            columns.queue_offsets.tolist(),
             zip(columns.offsets.tolist(), columns.sizes.tolist(), columns.tags_codes.tolist()),
         ):
             if sysflag & record.TRANSACTION_TYPE_MASK in record.QUEUE_ENTRY_KINDS:
                 # ordered as _write_units orders its groups: by topic id, then queue id as unsigned
-                _, _, slots, units = groups.setdefault((topic_id << 32) | (queue_id & 0xFFFFFFFF), (topic_id, queue_id, [], []))
+                _, _, slots, units = groups.setdefault(
+                    (topic_id << 32) | (queue_id & 0xFFFFFFFF), (topic_id, queue_id, [], [])
+                )
                 slots.append(slot)
                 units.append(unit)
         if not groups:
@@ -436,7 +497,11 @@ class BatchBuilder:
             topic_id, queue_id, slots, units = groups[code]
             key = (names[topic_id], queue_id)
             count, extra = _first_run(slots)
-            owner = owner_of(key[0], queue_id, self.owners) if self.owners > 1 and len(groups) > self.direct_queues else self.owner
+            owner = (
+                owner_of(key[0], queue_id, self.owners)
+                if self.owners > 1 and len(groups) > self.direct_queues
+                else self.owner
+            )
             if owner == self.owner:
                 upf = self._units_per_file.get(key, self.default_units_per_file)
                 self._write_slots(key[0], queue_id, upf, slots, units)
@@ -448,15 +513,26 @@ class BatchBuilder:
             counts.append(count)
             if extra is not None:
                 extras[group] = extra
-        runs = QueueRuns(names, np.array(topic_ids, np.int32), np.array(queue_ids, np.int32), np.array(firsts, np.int64),
-                         np.array(counts, np.int64), extras)
+        runs = QueueRuns(
+            names,
+            np.array(topic_ids, np.int32),
+            np.array(queue_ids, np.int32),
+            np.array(firsts, np.int64),
+            np.array(counts, np.int64),
+            extras,
+        )
         handovers = []
         for owner, queues in sorted(handed.items()):
             all_slots = [slot for _, _, slots, _ in queues for slot in slots]
             handover = UnitsHandover(
-                batch_id, names, np.array([q[0] for q in queues], np.int32), np.array([q[1] for q in queues], np.int32),
-                np.array([q[2][0] for q in queues], np.int64), np.array([len(q[2]) for q in queues], np.int64),
-                np.array(all_slots, np.int64), np.array([u for q in queues for u in q[3]], dtype=UNIT_DTYPE).tobytes(),
+                batch_id,
+                names,
+                np.array([q[0] for q in queues], np.int32),
+                np.array([q[1] for q in queues], np.int32),
+                np.array([q[2][0] for q in queues], np.int64),
+                np.array([len(q[2]) for q in queues], np.int64),
+                np.array(all_slots, np.int64),
+                np.array([u for q in queues for u in q[3]], dtype=UNIT_DTYPE).tobytes(),
             )
             handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
         return runs, handovers
@@ -480,8 +556,20 @@ class BatchBuilder:
             order = order[: len(order) // 2 + 1]
         else:
             order = self._rotated(order)
-        self._write_groups(handover.topic_names, order, handover.topic_ids, handover.queue_ids, handover.firsts, starts, stops, whole,
-                           handover.slots, units, memoryview(handover.units), self._queue_file)
+        self._write_groups(
+            handover.topic_names,
+            order,
+            handover.topic_ids,
+            handover.queue_ids,
+            handover.firsts,
+            starts,
+            stops,
+            whole,
+            handover.slots,
+            units,
+            memoryview(handover.units),
+            self._queue_file,
+        )
         if dies:
             WorkerFaults.die()
 
@@ -493,7 +581,9 @@ class BatchBuilder:
         turn = len(order) * self.owner // self.owners
         return np.concatenate((order[turn:], order[:turn])) if turn else order
 
-    def _write_slots(self, topic: str, queue_id: int, upf: int, slots: list[int], units: list[tuple[int, int, int]]) -> None:
+    def _write_slots(
+        self, topic: str, queue_id: int, upf: int, slots: list[int], units: list[tuple[int, int, int]]
+    ) -> None:
         """One unit at a time, for a queue whose slots in the batch are not one contiguous run
         (or a small batch): `units` are (commit-log offset, size, tags code)."""
         files = self._files

@@ -58,8 +58,19 @@ class PythonRowIndex:
     def get(self, code: int) -> int:
         return self._rows.get(code, -1)
 
-    def advance(self, numbers: np.ndarray, topic_ids: np.ndarray, queue_ids: np.ndarray, firsts: np.ndarray, counts: np.ndarray,
-                frontiers: np.ndarray, files_end: np.ndarray, pending: np.ndarray, skip: np.ndarray | None, rows: np.ndarray) -> int:
+    def advance(
+        self,
+        numbers: np.ndarray,
+        topic_ids: np.ndarray,
+        queue_ids: np.ndarray,
+        firsts: np.ndarray,
+        counts: np.ndarray,
+        frontiers: np.ndarray,
+        files_end: np.ndarray,
+        pending: np.ndarray,
+        skip: np.ndarray | None,
+        rows: np.ndarray,
+    ) -> int:
         n = len(firsts)
         bad = np.flatnonzero((topic_ids < 0) | (topic_ids >= len(numbers)))
         if len(bad):
@@ -99,8 +110,9 @@ class QueueCommitter:
         cq = queues.queues.get(key)
         if cq is None or cq.is_empty:
             if cq is None:
-                cq = queues.queues[key] = ConsumeQueue(queues.root_name, key[0], key[1], queues.units_per_file, load=False,
-                                                       table=queues.frontiers)
+                cq = queues.queues[key] = ConsumeQueue(
+                    queues.root_name, key[0], key[1], queues.units_per_file, load=False, table=queues.frontiers
+                )
             cq.adopt_files(first)
         return cq
 
@@ -123,12 +135,19 @@ class QueueCommitter:
             frontiers, files_end, pending = table.frontiers, table.files_end, table.pending
             row_keys = self._row_keys if listeners else None
             slow_runs: list[tuple[int, int, int, int, int, int, int]] = []
-            for i, (t, q, first, count) in enumerate(zip(runs.topic_ids.tolist(), runs.queue_ids.tolist(), runs.firsts.tolist(),
-                                                         runs.counts.tolist())):
+            for i, (t, q, first, count) in enumerate(
+                zip(runs.topic_ids.tolist(), runs.queue_ids.tolist(), runs.firsts.tolist(), runs.counts.tolist())
+            ):
                 code = (numbers[t] << 32) | (q & 0xFFFFFFFF)
                 row = row_of(code)
                 end = first + count
-                if row >= 0 and frontiers[row] == first and end <= files_end[row] and not pending[row] and i not in extras:
+                if (
+                    row >= 0
+                    and frontiers[row] == first
+                    and end <= files_end[row]
+                    and not pending[row]
+                    and i not in extras
+                ):
                     frontiers[row] = end
                     if row_keys is not None:
                         key = row_keys[row]
@@ -147,12 +166,24 @@ class QueueCommitter:
                 skip = np.zeros(n, dtype=np.bool_)
                 skip[list(runs.extras)] = True
             rows = np.empty(n, dtype=np.int64)
-            left = self._rows.advance(number_column, runs.topic_ids, runs.queue_ids, runs.firsts, runs.counts, table.frontiers,
-                                      table.files_end, table.pending, skip, rows)
+            left = self._rows.advance(
+                number_column,
+                runs.topic_ids,
+                runs.queue_ids,
+                runs.firsts,
+                runs.counts,
+                table.frontiers,
+                table.files_end,
+                table.pending,
+                skip,
+                rows,
+            )
             if listeners and left < n:
                 fast = rows >= 0
                 row_keys = self._row_keys
-                changes.update(zip([row_keys[r] for r in rows[fast].tolist()], (runs.firsts[fast] + runs.counts[fast]).tolist()))
+                changes.update(
+                    zip([row_keys[r] for r in rows[fast].tolist()], (runs.firsts[fast] + runs.counts[fast]).tolist())
+                )
             if not left:
                 return
             slow_at = np.flatnonzero(rows < 0)
@@ -170,8 +201,15 @@ class QueueCommitter:
             queue_ids = runs.queue_ids[slow_at]
             codes = queue_codes_of(number_column, topic_ids, queue_ids)
             firsts = runs.firsts[slow_at]
-            slow = zip(slow_at.tolist(), topic_ids.tolist(), queue_ids.tolist(), codes.tolist(), (-2 - rows[slow_at]).tolist(),
-                       firsts.tolist(), (firsts + runs.counts[slow_at]).tolist())
+            slow = zip(
+                slow_at.tolist(),
+                topic_ids.tolist(),
+                queue_ids.tolist(),
+                codes.tolist(),
+                (-2 - rows[slow_at]).tolist(),
+                firsts.tolist(),
+                (firsts + runs.counts[slow_at]).tolist(),
+            )
         extras = runs.extras
         for i, topic_id, queue_id, code, row, first, end in slow:
             key = (names[topic_id], queue_id)
@@ -182,8 +220,9 @@ class QueueCommitter:
             if row != cq.row and cq.table is table:
                 self._register(code, cq.row, key)
 
-    def _adopt(self, names: list[str], numbers: np.ndarray, runs: QueueRuns, at: np.ndarray,
-               changes: dict[QueueKey, int]) -> np.ndarray:
+    def _adopt(
+        self, names: list[str], numbers: np.ndarray, runs: QueueRuns, at: np.ndarray, changes: dict[QueueKey, int]
+    ) -> np.ndarray:
         """Start the queues of runs `at` (each unknown to the row index, its run in one file
         starting at its first slot, without extras) together (`ConsumeQueue.adopted_many`), but
         for those the store already has (loaded from disk, not committed here yet): the runs of
@@ -200,8 +239,9 @@ class QueueCommitter:
                 return known
         firsts = runs.firsts[at]
         ends = (firsts + runs.counts[at]).tolist()
-        adopted = ConsumeQueue.adopted_many(self.queues.root_name, self.queues.units_per_file, self.queues.frontiers, keys,
-                                            firsts.tolist(), ends)
+        adopted = ConsumeQueue.adopted_many(
+            self.queues.root_name, self.queues.units_per_file, self.queues.frontiers, keys, firsts.tolist(), ends
+        )
         queues.update(zip(keys, adopted))
         changes.update(zip(keys, ends))
         rows = range(adopted[0].row, adopted[0].row + len(keys))  # taken together

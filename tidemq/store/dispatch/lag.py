@@ -70,7 +70,9 @@ def offline_lags(store_dir: Path, log_end: int, queue_covered: int) -> dict[str,
         if mm is None:
             with open(segments[base], "rb") as f:
                 mm = maps[base] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        rec = record.decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False, read_properties=False)
+        rec = record.decode(
+            mm, offset - base, base_offset=base, check_crc=False, read_body=False, read_properties=False
+        )
         return rec if type(rec) is record.Record else None
 
     def newest_before(end: int) -> int:

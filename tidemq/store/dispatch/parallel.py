@@ -186,7 +186,9 @@ class ParallelDispatcher:
         self._committer = QueueCommitter(queues)
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
-        self._pool = WorkerPool(workers, str(queues.root), queues.units_per_file, queues.file_sizes, key_index is not None)
+        self._pool = WorkerPool(
+            workers, str(queues.root), queues.units_per_file, queues.file_sizes, key_index is not None
+        )
         self._builder: BatchBuilder | None = None
         self.inline_batches = 0
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
@@ -266,7 +268,9 @@ class ParallelDispatcher:
         columns = scan(segment.mm, begin - segment.start, end - segment.start, base_offset=segment.start)
         return int(columns.offsets[-1]) if len(columns) else None
 
-    def _dispatched(self, begin: int, end: int, records: int, last_timestamp: int, changes: dict[QueueKey, int]) -> None:
+    def _dispatched(
+        self, begin: int, end: int, records: int, last_timestamp: int, changes: dict[QueueKey, int]
+    ) -> None:
         """[begin, end) of the log is built into the queues and the key index (`records`
         records, the last stored at `last_timestamp`): tell the other sinks, move the
         dispatched offset and the statistics."""
@@ -334,12 +338,17 @@ class ParallelDispatcher:
         # look up): each is committed, and its listeners told, as soon as it is built
         max_outstanding = 1 if inline else OUTSTANDING_PER_WORKER * self.worker_count
         max_unbuilt = UNBUILT_PER_WORKER * max(self.worker_count, 1)
-        while (len(self._tasks) < max_outstanding and self._cut_offset < limit
-               and self._pool.unbuilt() < max_unbuilt):
+        while len(self._tasks) < max_outstanding and self._cut_offset < limit and self._pool.unbuilt() < max_unbuilt:
             backlog = limit - self._cut_offset
             # several batches per worker, so that one slow batch does not idle the others
-            size = self.batch_bytes if inline else min(
-                self.batch_bytes, max(self.inline_bytes, MIN_BATCH_BYTES, backlog // (BATCHES_PER_WORKER * self.worker_count)))
+            size = (
+                self.batch_bytes
+                if inline
+                else min(
+                    self.batch_bytes,
+                    max(self.inline_bytes, MIN_BATCH_BYTES, backlog // (BATCHES_PER_WORKER * self.worker_count)),
+                )
+            )
             task = self._cut(limit, size)
             if task is None:
                 break
@@ -352,8 +361,18 @@ class ParallelDispatcher:
                 self._submit(task)
 
     def _empty_result(self, task: BatchTask) -> BatchResult:
-        return BatchResult(task.batch_id, task.begin, self._blank_ends.pop(task.batch_id, task.end), None, 0, 0, QueueRuns.empty(), np.zeros(0, np.int32),
-                           np.zeros(0, np.int64), np.zeros(0, np.int64))
+        return BatchResult(
+            task.batch_id,
+            task.begin,
+            self._blank_ends.pop(task.batch_id, task.end),
+            None,
+            0,
+            0,
+            QueueRuns.empty(),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+        )
 
     def _inline_builder(self) -> BatchBuilder:
         """The dispatch thread's builder: it owns every queue (no units handed over)."""
@@ -425,8 +444,13 @@ class ParallelDispatcher:
                     payload = worker.handovers.pop(result.batch_id, None)
                     if payload is not None:
                         if result.error is not None:
-                            log.error("dispatch worker %s could not write the units handed over by batch %d: %s; "
-                                      "writing them on the dispatch thread", worker.pid, result.batch_id, result.error)
+                            log.error(
+                                "dispatch worker %s could not write the units handed over by batch %d: %s; "
+                                "writing them on the dispatch thread",
+                                worker.pid,
+                                result.batch_id,
+                                result.error,
+                            )
                             self._inline_builder().write_handover(pickle.loads(payload))
                         built = self._handovers.written(result.batch_id, worker.number)
                         if built is not None:
@@ -469,7 +493,9 @@ class ParallelDispatcher:
                 log.error(
                     "dispatch workers died %d times in a row without answering (last: pid %s, exit code %s); "
                     "building the indexes on the dispatch thread from now on",
-                    self._deaths_in_a_row, dead.pid, dead.process.returncode,
+                    self._deaths_in_a_row,
+                    dead.pid,
+                    dead.process.returncode,
                 )
             self._inline_only = True
             self._pool.remove(dead)
@@ -483,7 +509,9 @@ class ParallelDispatcher:
             return
         log.warning(
             "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
-            dead.pid, dead.process.returncode, len(dead.tasks),
+            dead.pid,
+            dead.process.returncode,
+            len(dead.tasks),
         )
         replacement = self._pool.replace(dead)
         self.workers_restarted += 1
@@ -509,8 +537,13 @@ class ParallelDispatcher:
             if outcome == FAILED:
                 # build and append it on this thread (the worker's answer, should it come, is
                 # ignored: it no longer holds entries)
-                log.error("dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
-                          "building them on the dispatch thread", task.begin, task.end, result.error)
+                log.error(
+                    "dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
+                    "building them on the dispatch thread",
+                    task.begin,
+                    task.end,
+                    result.error,
+                )
                 self._answers[result.batch_id] = self._build_inline(task)
             elif outcome != APPENDED:
                 return 0

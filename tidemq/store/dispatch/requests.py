@@ -148,7 +148,9 @@ def queue_codes(columns: RecordColumns, rows: np.ndarray) -> np.ndarray:
     return (columns.topic_ids[rows].astype(np.int64) << 32) | (columns.queue_ids[rows].astype(np.int64) & 0xFFFFFFFF)
 
 
-def group_by_queue(columns: RecordColumns, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def group_by_queue(
+    columns: RecordColumns, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`rows` of a columnar batch grouped by queue (`queue_codes` order; log order within a
     queue): the rows in that order, where each group starts and where it stops (int64 arrays),
     each row's slot (queue offset) and its ConsumeQueue unit (UNIT_DTYPE)."""

@@ -71,7 +71,9 @@ class Dispatcher:
         mm = segment.mm
         base = segment.start
         stop = min(limit, segment.end)
-        columns = scan(mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base, keys=self._keys)
+        columns = scan(
+            mm, offset - base, stop - base, base, soft_stop=offset + self.batch_bytes - base, keys=self._keys
+        )
         return DispatchBatch(columns), self._past_blank(segment, columns.end, stop)
 
     @staticmethod
@@ -81,8 +83,14 @@ class Dispatcher:
         reached it — or damage that recovery will report: dispatch never skips past it)."""
         if offset >= stop:
             return offset
-        result = record.decode(segment.mm, offset - segment.start, base_offset=segment.start, check_crc=False,
-                               read_body=False, read_properties=False)
+        result = record.decode(
+            segment.mm,
+            offset - segment.start,
+            base_offset=segment.start,
+            check_crc=False,
+            read_body=False,
+            read_properties=False,
+        )
         if type(result) is record.EndOfSegment:
             return segment.end
         return offset

@@ -67,8 +67,14 @@ def _warm_heap(size: int, piece: int = 8 << 20) -> None:
     del pieces
 
 
-def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: int, index_enabled: bool, owner: int = 0,
-                 owners: int = 1) -> None:
+def worker_main(
+    conn: Channel,
+    consume_queue_root: str,
+    default_units_per_file: int,
+    index_enabled: bool,
+    owner: int = 0,
+    owners: int = 1,
+) -> None:
     """A worker process, worker `owner` of `owners`: take the sizes of the queues whose files are
     not of the default size (the first message), then build each task it receives and send back
     the result, keeping the index entries until asked to append them; write the units other
@@ -81,14 +87,18 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
         units_per_file = conn.recv()
     except EOFError:
         return  # the coordinator is gone
-    builder = BatchBuilder(consume_queue_root, default_units_per_file, index_enabled, units_per_file, WorkerFaults.from_environment())
+    builder = BatchBuilder(
+        consume_queue_root, default_units_per_file, index_enabled, units_per_file, WorkerFaults.from_environment()
+    )
     builder.coordinator_pid = os.getppid()
     # its only cache of mappings; compiled ones hold no descriptor, so the open-file limit does
     # not bound them: with 10,000 queues and a limit of 20,000, each of 2 workers stopped mapping
     # the other's files at 9,872 mappings (half its budget) and handed 128 queues' units over in
     # every batch
-    builder.max_queue_files = int(os.environ.get(MAPPINGS_ENV) or open_files.mapping_budget(
-        1.0, descriptors=batch_builder.MAPPINGS_HOLD_DESCRIPTORS))
+    builder.max_queue_files = int(
+        os.environ.get(MAPPINGS_ENV)
+        or open_files.mapping_budget(1.0, descriptors=batch_builder.MAPPINGS_HOLD_DESCRIPTORS)
+    )
     builder.hold_index = True
     builder.owner = owner
     builder.owners = owners
@@ -159,8 +169,18 @@ def worker_main(conn: Channel, consume_queue_root: str, default_units_per_file: 
             try:
                 result = builder.build(task)
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
-                result = BatchResult(task.batch_id, task.begin, task.begin, f"worker failed: {exc!r}", 0, 0, QueueRuns.empty(),
-                                     np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+                result = BatchResult(
+                    task.batch_id,
+                    task.begin,
+                    task.begin,
+                    f"worker failed: {exc!r}",
+                    0,
+                    0,
+                    QueueRuns.empty(),
+                    np.zeros(0, np.int32),
+                    np.zeros(0, np.int64),
+                    np.zeros(0, np.int64),
+                )
             building = None
             request = waiting.pop(task.batch_id, None)
             if request is None:
@@ -184,8 +204,13 @@ class WorkerProcess:
     __slots__ = ("number", "process", "conn", "tasks", "handovers")
 
     def __init__(
-        self, consume_queue_root: str, units_per_file: int, file_sizes: dict[QueueKey, int], index_enabled: bool,
-        number: int, workers: int,
+        self,
+        consume_queue_root: str,
+        units_per_file: int,
+        file_sizes: dict[QueueKey, int],
+        index_enabled: bool,
+        number: int,
+        workers: int,
     ) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
@@ -211,9 +236,22 @@ class WorkerProcess:
             self.process = subprocess.Popen(
                 # -P: not the working directory first on the module path (as -m puts it), so that
                 # the worker runs this tidemq (PYTHONPATH), not one the directory happens to hold
-                [sys.executable, "-P", "-m", "tidemq.store.dispatch.worker_entry", str(to_child_r), str(from_child_w),
-                 consume_queue_root, str(units_per_file), "1" if index_enabled else "0", str(number), str(workers)],
-                pass_fds=(to_child_r, from_child_w), env=env, stdin=subprocess.DEVNULL,
+                [
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    "tidemq.store.dispatch.worker_entry",
+                    str(to_child_r),
+                    str(from_child_w),
+                    consume_queue_root,
+                    str(units_per_file),
+                    "1" if index_enabled else "0",
+                    str(number),
+                    str(workers),
+                ],
+                pass_fds=(to_child_r, from_child_w),
+                env=env,
+                stdin=subprocess.DEVNULL,
             )
         finally:
             os.close(to_child_r)
@@ -243,8 +281,14 @@ class WorkerPool:
     one of the same number (`replace`) or let go (`remove`), all stopped by `close`.  Ownership:
     the coordinator's thread alone."""
 
-    def __init__(self, count: int, consume_queue_root: str, units_per_file: int, file_sizes: Callable[[], dict[QueueKey, int]],
-                 index_enabled: bool) -> None:
+    def __init__(
+        self,
+        count: int,
+        consume_queue_root: str,
+        units_per_file: int,
+        file_sizes: Callable[[], dict[QueueKey, int]],
+        index_enabled: bool,
+    ) -> None:
         self.count = count
         self.workers: list[WorkerProcess] = []
         self._consume_queue_root = consume_queue_root
@@ -262,8 +306,9 @@ class WorkerPool:
         return True
 
     def _start(self, number: int) -> WorkerProcess:
-        worker = WorkerProcess(self._consume_queue_root, self._units_per_file, self._file_sizes(), self._index_enabled, number,
-                               self.count)
+        worker = WorkerProcess(
+            self._consume_queue_root, self._units_per_file, self._file_sizes(), self._index_enabled, number, self.count
+        )
         self._poller.register(worker.conn.read_fd, select.POLLIN)
         self._watched[worker.conn.read_fd] = worker
         return worker

@@ -57,7 +57,9 @@ def _next(positions: np.ndarray, at: np.ndarray, default: int) -> np.ndarray:
     return np.where(after < len(positions), positions[np.minimum(after, len(positions) - 1)], default)
 
 
-def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: list[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
+def property_ranges(
+    b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: list[bytes]
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each name: per record, the [first, last) buffer range of its value (the last property
     of that name, as a dict keeps it), or (-1, -1).  `starts`/`ends`: each record's properties,
     in increasing buffer order.  The separators are found in one pass over the buffer span the
@@ -101,7 +103,9 @@ def property_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: 
     return out
 
 
-def unique_key_ranges(b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: list[bytes]) -> list[tuple[np.ndarray, np.ndarray]]:
+def unique_key_ranges(
+    b: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: list[bytes]
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """`property_ranges` where UNIQ_KEY in `names` is read as `record.decode_properties` reads
     it: the legacy-named value for a record without a UNIQ_KEY."""
     if UNIQ_KEY not in names:
@@ -152,9 +156,16 @@ def tags_codes(buf, b: np.ndarray, firsts: np.ndarray, lasts: np.ndarray) -> np.
 
 
 def index_entries(
-    buf, b: np.ndarray, uniq: tuple[np.ndarray, np.ndarray], keys: tuple[np.ndarray, np.ndarray],
-    tags: tuple[np.ndarray, np.ndarray], indexed: np.ndarray, topic_ids: np.ndarray, topic_names: list[str],
-    offsets: np.ndarray, timestamps: np.ndarray,
+    buf,
+    b: np.ndarray,
+    uniq: tuple[np.ndarray, np.ndarray],
+    keys: tuple[np.ndarray, np.ndarray],
+    tags: tuple[np.ndarray, np.ndarray],
+    indexed: np.ndarray,
+    topic_ids: np.ndarray,
+    topic_names: list[str],
+    offsets: np.ndarray,
+    timestamps: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The key index's entries of the records where `indexed`, in order: (abs Java hash of
     "topic#key" as IndexFile keeps it, commit-log offset, store time) for the UNIQ_KEY, each

@@ -336,7 +336,7 @@ def add_before_crc_property(properties_bytes: bytes, added: bytes) -> bytes:
     """Encoded properties with `added` (whole encoded properties) appended, before the reserved
     whole-record CRC property when they end with it: the CRC property stays the last one."""
     if properties_bytes.endswith(CRC32_PROPERTY_RESERVED):
-        return b"".join((properties_bytes[: -CRC32_PROPERTY_SIZE], added, CRC32_PROPERTY_RESERVED))
+        return b"".join((properties_bytes[:-CRC32_PROPERTY_SIZE], added, CRC32_PROPERTY_RESERVED))
     return properties_bytes + added
 
 
@@ -367,6 +367,8 @@ def whole_crc_mismatch(buf, pos: int, end: int) -> bool:
         return True
     with memoryview(buf)[pos:tail] as covered:
         return (crc32(covered) & 0x7FFFFFFF) != int(digits[::-1])
+
+
 _SIZE_MAGIC = struct.Struct(">ii")
 
 
@@ -391,7 +393,9 @@ def decode(
     total_size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC_CODE:
         if total_size != available:
-            return Invalid(offset, total_size, f"blank filler of {total_size} bytes, but {available} remain in the segment")
+            return Invalid(
+                offset, total_size, f"blank filler of {total_size} bytes, but {available} remain in the segment"
+            )
         return EndOfSegment(offset, total_size)
     if total_size == 0 and magic == 0:
         return EndOfData(offset)
@@ -450,7 +454,9 @@ def decode(
     cursor += 2
     if prop_len < 0 or cursor + prop_len != end:
         return Invalid(
-            offset, total_size, f"record size {total_size} does not match its fields ({cursor + max(prop_len, 0) - pos})"
+            offset,
+            total_size,
+            f"record size {total_size} does not match its fields ({cursor + max(prop_len, 0) - pos})",
         )
     if check_position and physical_offset != offset:
         return Invalid(offset, total_size, f"PHYSICALOFFSET {physical_offset} differs from the position {offset}")
@@ -541,7 +547,19 @@ class RecordTemplate:
     """The parts of a record fixed by its topic and hosts, encoded once: a put then costs one
     header pack and one join.  Get one with `template(topic, born_host, store_host)`."""
 
-    __slots__ = ("header", "fixed_size", "magic", "sysflag_bits", "born_ip", "born_port", "store_ip", "store_port", "topic_part", "store_timestamp_position", "native")
+    __slots__ = (
+        "header",
+        "fixed_size",
+        "magic",
+        "sysflag_bits",
+        "born_ip",
+        "born_port",
+        "store_ip",
+        "store_port",
+        "topic_part",
+        "store_timestamp_position",
+        "native",
+    )
 
     def __init__(self, topic: str, born_host: Host, store_host: Host) -> None:
         topic_bytes = topic.encode("utf-8")
@@ -560,7 +578,16 @@ class RecordTemplate:
         # STORETIMESTAMP follows BORNHOST: 56 with an IPv4 born host, 68 with IPv6
         self.store_timestamp_position = 68 if born_v6 else 56
         # the same fields in one tuple, for the compiled append loop (_append.c)
-        self.native = (self.magic, self.sysflag_bits, self.born_ip, self.born_port, self.store_ip, self.store_port, self.topic_part, self.fixed_size)
+        self.native = (
+            self.magic,
+            self.sysflag_bits,
+            self.born_ip,
+            self.born_port,
+            self.store_ip,
+            self.store_port,
+            self.topic_part,
+            self.fixed_size,
+        )
 
     def encode(
         self,
@@ -662,8 +689,6 @@ class RecordTemplate:
 @lru_cache(maxsize=4096)
 def template(topic: str, born_host: Host, store_host: Host) -> RecordTemplate:
     return RecordTemplate(topic, born_host, store_host)
-
-
 
 
 def prepare(

@@ -188,8 +188,16 @@ class RecordColumns:
                 (tags,) = unique_key_ranges(b, self.properties_starts, self.properties_ends, [TAGS])
                 self.tags_ranges = tags
             return index_entries(
-                self.buffer, b, unique, keys, tags, indexed,
-                self.topic_ids, self.topic_names, self.offsets, self.store_timestamps,
+                self.buffer,
+                b,
+                unique,
+                keys,
+                tags,
+                indexed,
+                self.topic_ids,
+                self.topic_names,
+                self.offsets,
+                self.store_timestamps,
             )
         finally:
             del b  # release the buffer export: the mapping may be closed
@@ -198,8 +206,9 @@ class RecordColumns:
 def _empty(buf, base_offset: int, end: int) -> RecordColumns:
     i64 = np.zeros(0, np.int64)
     i32 = np.zeros(0, np.int32)
-    return RecordColumns(buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, i32, [], i64, i64,
-                         (i64, i64), (i64, i64))
+    return RecordColumns(
+        buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, i32, [], i64, i64, (i64, i64), (i64, i64)
+    )
 
 
 def field_view(buf, dtype: str, start: int, stop: int) -> np.ndarray:
@@ -238,7 +247,9 @@ def _walk(buf, pos: int, stop: int, soft_stop: int, max_count: int = -1) -> list
     return positions
 
 
-def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False) -> RecordColumns:
+def scan(
+    buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False
+) -> RecordColumns:
     """`_scan` (below), with the tags codes of delay-level records' units set to their due
     times (`special_queues.queue_tags_code`)."""
     columns = _scan(buf, start, stop, base_offset, soft_stop, keys)
@@ -251,7 +262,9 @@ def scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None
     return columns
 
 
-def _scan(buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False) -> RecordColumns:
+def _scan(
+    buf, start: int, stop: int, base_offset: int = 0, soft_stop: int | None = None, keys: bool = False
+) -> RecordColumns:
     """Decode the dispatch fields of every whole valid record in `buf[start:stop]`, following
     the chain from `start` (a record boundary).  `base_offset` is the commit-log offset of
     `buf[0]`.  With `soft_stop`, no record starting at or past it is taken (records may still
@@ -374,7 +387,9 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int,
         raw_hashes, raw_rows, slow = entries
         kept = int(np.searchsorted(np.frombuffer(raw_rows, dtype=np.int64), count))
         entries = raw_hashes[: 4 * kept], raw_rows[: 8 * kept], [item for item in slow if item[0] < kept]
-    positions, queue_offsets, timestamps, codes, starts, ends, uniq_first, uniq_last, keys_first, keys_last = wide[:, :count]
+    positions, queue_offsets, timestamps, codes, starts, ends, uniq_first, uniq_last, keys_first, keys_last = wide[
+        :, :count
+    ]
     sizes, queue_ids, sysflags, topic_ids, final_codes = narrow[:, :count]
     for k in np.flatnonzero(final_codes == 0).tolist():
         codes[k] = tags_code(property_value(buf, int(starts[k]), int(ends[k]), PROPERTY_TAGS))
@@ -448,11 +463,26 @@ def _scan_small(buf, positions: list[int], base_offset: int) -> RecordColumns:
             break
         size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end = fields
         tags = property_value(buf, properties_at, record_end, PROPERTY_TAGS)
-        rows.append((pos, size, queue_id, queue_offset, sysflag, store_timestamp, tags_code(tags), topic, properties_at, record_end))
+        rows.append(
+            (
+                pos,
+                size,
+                queue_id,
+                queue_offset,
+                sysflag,
+                store_timestamp,
+                tags_code(tags),
+                topic,
+                properties_at,
+                record_end,
+            )
+        )
         end = record_end
     if not rows:
         return _empty(buf, base_offset, base_offset + positions[0])
-    pos_, sizes, queue_ids, queue_offsets, sysflags, store_timestamps, codes, topics, starts, ends = map(list, zip(*rows))
+    pos_, sizes, queue_ids, queue_offsets, sysflags, store_timestamps, codes, topics, starts, ends = map(
+        list, zip(*rows)
+    )
     names: dict[str, int] = {}
     topic_ids = [names.setdefault(t, len(names)) for t in topics]
     return RecordColumns(  # no key ranges: `_index_keys_small` reads the keys per record

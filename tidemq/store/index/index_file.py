@@ -213,8 +213,9 @@ class IndexFile:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def append(self, hashes: np.ndarray | list[int], phys: np.ndarray | list[int],
-               timestamps: np.ndarray | list[int]) -> int:
+    def append(
+        self, hashes: np.ndarray | list[int], phys: np.ndarray | list[int], timestamps: np.ndarray | list[int]
+    ) -> int:
         """Append entries (commit-log order); returns how many fitted.  The entries and their
         slots are written by one of three twins that write the same bytes (the compiled loop,
         NumPy for many, Python for a few), the header last."""
@@ -241,7 +242,9 @@ class IndexFile:
             wide = [np.asarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps)]
             self._write_numpy(wide[0], wide[1], wide[2], count, begin_ts)
         slots_count += int(np.count_nonzero(self.entries["prev"][count : count + n] == 0))
-        HEADER.pack_into(self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n)
+        HEADER.pack_into(
+            self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n
+        )
         return n
 
     def _back_slots(self, hashes, n: int) -> None:
@@ -261,7 +264,9 @@ class IndexFile:
         for page in pages:
             back_with_blocks(self.mm, page * PAGE_SIZE, SLOT_SIZE)
 
-    def _write_numpy(self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, count: int, begin_ts: int) -> None:
+    def _write_numpy(
+        self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, count: int, begin_ts: int
+    ) -> None:
         """The entries from index `count` on and their slots, with NumPy: a batch's chains are
         linked with a stable sort by slot."""
         n = len(hashes)
@@ -289,7 +294,9 @@ class IndexFile:
         block["prev"] = previous
         self.slots[slot_sorted[last]] = index_sorted[last]
 
-    def _write_small(self, hashes: list[int], phys: list[int], timestamps: list[int], count: int, begin_ts: int) -> None:
+    def _write_small(
+        self, hashes: list[int], phys: list[int], timestamps: list[int], count: int, begin_ts: int
+    ) -> None:
         """`_write_numpy` one entry at a time (a few entries: NumPy's fixed cost would dominate);
         the same bytes: a slot's head is followed if it is an entry below indexCount or one this
         call wrote for the same slot (a crash's leftover head may point at an entry this call

@@ -49,7 +49,10 @@ class KeyIndex:
     reads_keys = True  # asks each batch for its index_keys (see DispatchSink)
 
     def __init__(
-        self, directory: Path, hash_slots: int = DEFAULT_HASH_SLOTS, max_entries: int = DEFAULT_MAX_ENTRIES,
+        self,
+        directory: Path,
+        hash_slots: int = DEFAULT_HASH_SLOTS,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
         read_only: bool = False,
     ) -> None:
         if hash_slots < 1 or max_entries < 2:
@@ -67,8 +70,12 @@ class KeyIndex:
             try:
                 self.files.append(IndexFile(path, hash_slots, max_entries, create=False, read_only=read_only))
             except (OSError, ValueError) as exc:
-                log.warning("index file %s is unusable (%s); it is ignored%s", path, exc,
-                            "" if read_only else " and will be rebuilt")
+                log.warning(
+                    "index file %s is unusable (%s); it is ignored%s",
+                    path,
+                    exc,
+                    "" if read_only else " and will be rebuilt",
+                )
                 if not read_only:
                     path.rename(path.with_name(path.name + ".bad"))
         if self.files:
@@ -91,14 +98,23 @@ class KeyIndex:
             if abnormal:
                 while self.files and self.files[-1].end_timestamp > checkpoint_timestamp:
                     doomed = self.files.pop()
-                    log.info("key index: destroying %s (end %d newer than the checkpoint's %d); it is rebuilt",
-                             doomed.path.name, doomed.end_timestamp, checkpoint_timestamp)
+                    log.info(
+                        "key index: destroying %s (end %d newer than the checkpoint's %d); it is rebuilt",
+                        doomed.path.name,
+                        doomed.end_timestamp,
+                        checkpoint_timestamp,
+                    )
                     doomed.destroy()
             while self.files:
                 last = self.files[-1]
                 dropped = last.truncate(log_end, store_time_of)
                 if dropped:
-                    log.info("key index: dropped %d entries of %s past commit-log offset %d", dropped, last.path.name, log_end)
+                    log.info(
+                        "key index: dropped %d entries of %s past commit-log offset %d",
+                        dropped,
+                        last.path.name,
+                        log_end,
+                    )
                 if last.entry_count:
                     break
                 self.files.pop().destroy()
@@ -136,7 +152,9 @@ class KeyIndex:
             if type(result) is not record.Record:
                 return None
             indexed = result.transaction_type != record.TRANSACTION_ROLLBACK
-            return phy + result.total_size, len(record_index_keys(result.unique_key, result.keys, result.tags)) if indexed else 0
+            return phy + result.total_size, len(
+                record_index_keys(result.unique_key, result.keys, result.tags)
+            ) if indexed else 0
 
         self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, keys_of)
 
@@ -257,7 +275,9 @@ class KeyIndex:
 
     # -- queries -----------------------------------------------------------------------------------------
 
-    def lookup(self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = MAX_QUERY_RESULTS) -> list[int]:
+    def lookup(
+        self, topic: str, key: str, begin: int = 0, end: int = 2**63 - 1, max_num: int = MAX_QUERY_RESULTS
+    ) -> list[int]:
         """Commit-log offsets of records that may carry `key` in `topic`, stored within [begin,
         end] (ms), newest first.  Entries keep whole seconds, so candidates are checked against
         the records by `query`."""
@@ -285,8 +305,13 @@ def record_matches(rec: record.Record, topic: str, key: str, begin: int, end: in
 
 
 def query(
-    index: KeyIndex, read_record: Callable[[int], record.Record | None], topic: str, key: str,
-    begin: int = 0, end: int = 2**63 - 1, max_num: int = MAX_QUERY_RESULTS,
+    index: KeyIndex,
+    read_record: Callable[[int], record.Record | None],
+    topic: str,
+    key: str,
+    begin: int = 0,
+    end: int = 2**63 - 1,
+    max_num: int = MAX_QUERY_RESULTS,
 ) -> list[record.Record]:
     """Records of `topic` carrying `key` (UNIQ_KEY or a KEYS entry) stored within [begin, end],
     newest first, at most `max_num`."""

@@ -74,7 +74,13 @@ class KvLightQueues:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.env = lmdb.open(
-            str(self.directory), map_size=map_size, max_dbs=8, max_readers=1024, sync=False, metasync=False, readahead=False
+            str(self.directory),
+            map_size=map_size,
+            max_dbs=8,
+            max_readers=1024,
+            sync=False,
+            metasync=False,
+            readahead=False,
         )
         self.names = self.env.open_db(b"names")
         self.queues = self.env.open_db(b"queues")
@@ -107,7 +113,9 @@ class KvLightQueues:
                 result.append(state.max_offset if state is not None else 0)
             return result
 
-    def read_from(self, name: str, offset: int, max_count: int, min_commit_log_offset: int) -> tuple[int, int, list[Unit]]:
+    def read_from(
+        self, name: str, offset: int, max_count: int, min_commit_log_offset: int
+    ) -> tuple[int, int, list[Unit]]:
         """From one snapshot: the queue's readable min offset (its first unit whose record is
         at or past `min_commit_log_offset`), its max offset, and `read`'s units from `offset`
         (clamped to that min)."""
@@ -156,7 +164,9 @@ class KvLightQueues:
             state = self._state(txn, name)
             return self._readable_min(txn, state, min_commit_log_offset) if state is not None else 0
 
-    def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False, min_commit_log_offset: int = -1) -> int:
+    def offset_for_timestamp(
+        self, name: str, timestamp: int, upper: bool = False, min_commit_log_offset: int = -1
+    ) -> int:
         """As `ConsumeQueue.offset_for_timestamp` (LOWER: the first unit stored at or after
         `timestamp`; UPPER: the last stored at or before), from the units' own store times,
         over the units whose records are at or past `min_commit_log_offset`."""
@@ -244,7 +254,11 @@ class KvLightQueues:
                     if state is None:
                         state = self._create(txn, name, queue_offset)
                     states[name] = state
-                txn.put(UNIT_KEY.pack(state.number, queue_offset), UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp), db=self.units)
+                txn.put(
+                    UNIT_KEY.pack(state.number, queue_offset),
+                    UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp),
+                    db=self.units,
+                )
                 if queue_offset >= state.max_offset:
                     state.max_offset = queue_offset + 1
                     moved[name] = state.max_offset
@@ -286,13 +300,19 @@ class KvLightQueues:
             row = txn.get(number + NUMBER.pack(queue_offset), db=self.units) if number is not None else None
             return UNIT_ROW.unpack(row) if row is not None else None
 
-    def put_unit(self, name: str, queue_offset: int, commit_log_offset: int, size: int, tags_code: int, store_timestamp: int = 0) -> None:
+    def put_unit(
+        self, name: str, queue_offset: int, commit_log_offset: int, size: int, tags_code: int, store_timestamp: int = 0
+    ) -> None:
         """Store a unit at its slot of the existing queue `name`, its bounds left as they are."""
         with self.env.begin(write=True) as txn:
             number = txn.get(name.encode("utf-8"), db=self.names)
             if number is None:
                 raise KeyError(name)
-            txn.put(number + NUMBER.pack(queue_offset), UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp), db=self.units)
+            txn.put(
+                number + NUMBER.pack(queue_offset),
+                UNIT_ROW.pack(commit_log_offset, size, tags_code, store_timestamp),
+                db=self.units,
+            )
 
     def set_bounds(self, name: str, min_offset: int | None = None, max_offset: int | None = None) -> None:
         with self.env.begin(write=True) as txn:
@@ -402,4 +422,3 @@ def _delete_prefixed(cursor, prefix: bytes, start: bytes) -> None:
     while cursor.key()[: len(prefix)] == prefix:
         if not cursor.delete():  # the cursor is past the last key
             break
-

@@ -106,7 +106,9 @@ class KvQueue:
     def read(self, queue_offset: int, max_count: int) -> list[Unit]:
         return self.kv.read_from(self.topic, queue_offset, max_count, -1)[2]
 
-    def offset_for_timestamp(self, timestamp: int, store_time_of: Callable[[int], int | None], upper: bool = False) -> int:
+    def offset_for_timestamp(
+        self, timestamp: int, store_time_of: Callable[[int], int | None], upper: bool = False
+    ) -> int:
         """As `ConsumeQueue.offset_for_timestamp`, the store times read with `store_time_of`."""
         bounds = self._bounds()
         if bounds is None or bounds[1] <= bounds[0]:
@@ -154,4 +156,3 @@ class KvQueue:
     def close(self) -> None:
         if self._owns:
             self.kv.close()
-

@@ -106,9 +106,19 @@ class LightQueues:
 
     name = "light_queue"
 
-    def __init__(self, directory: Path, consume_queues: ConsumeQueueStore, queue_offsets: dict[QueueKey, int],
-                 commit_log: CommitLog, append_lock: threading.Lock, *, multi_dispatch: bool = True,
-                 backend: str = "kv", idle_expiry_ms: int = 0, max_name_bytes: int = 255) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        consume_queues: ConsumeQueueStore,
+        queue_offsets: dict[QueueKey, int],
+        commit_log: CommitLog,
+        append_lock: threading.Lock,
+        *,
+        multi_dispatch: bool = True,
+        backend: str = "kv",
+        idle_expiry_ms: int = 0,
+        max_name_bytes: int = 255,
+    ) -> None:
         if backend not in LIGHT_QUEUE_STORES:
             raise ValueError(f"light_queue_store must be one of {LIGHT_QUEUE_STORES}, not {backend!r}")
         self.kv_directory = Path(directory) / KV_DIRECTORY
@@ -121,7 +131,9 @@ class LightQueues:
         self.idle_expiry_ms = idle_expiry_ms
         self.max_name_bytes = max_name_bytes
         # light queues served from RocketMQ's file queues (found at open, or all under "file")
-        self.file_queues = {topic for topic, queue_id in consume_queues.queues if is_light_queue(topic) and queue_id == LMQ_QUEUE_ID}
+        self.file_queues = {
+            topic for topic, queue_id in consume_queues.queues if is_light_queue(topic) and queue_id == LMQ_QUEUE_ID
+        }
         self.kv: KvLightQueues | None = KvLightQueues(self.kv_directory) if self.kv_directory.exists() else None
         self._pending: dict[str, int] = {}  # name -> next offset, for queues with undispatched units
         self._dispatched = self.kv.dispatched if self.kv is not None else 0  # in memory; kept by `flush`
@@ -152,12 +164,15 @@ class LightQueues:
         todo: list[tuple[int, list[str]]] = []
         for topic in {message.topic for message in messages if type(message.topic) is str}:
             if topic.startswith(LMQ_PREFIX):
-                raise InvalidMessageError(f"topic {topic!r} is a light queue: it takes messages by multi-dispatch "
-                                          f"({MULTI_DISPATCH}) only")
+                raise InvalidMessageError(
+                    f"topic {topic!r} is a light queue: it takes messages by multi-dispatch ({MULTI_DISPATCH}) only"
+                )
         if not self.multi_dispatch:
             return todo
         longest = self.max_name_bytes
-        for index in [i for i, message in enumerate(messages) if message.properties and MULTI_DISPATCH in message.properties]:
+        for index in [
+            i for i, message in enumerate(messages) if message.properties and MULTI_DISPATCH in message.properties
+        ]:
             message = messages[index]
             topic = message.topic
             names_text = message.properties[MULTI_DISPATCH]
@@ -168,11 +183,15 @@ class LightQueues:
             names = names_text.split(MULTI_DISPATCH_SEPARATOR)
             for name in names:
                 if name.startswith(LMQ_PREFIX) and (
-                    name == LMQ_PREFIX or "/" in name or "\x00" in name
+                    name == LMQ_PREFIX
+                    or "/" in name
+                    or "\x00" in name
                     or (len(name) > longest // 4 and len(name.encode("utf-8")) > longest)
                 ):
-                    raise InvalidMessageError(f"light queue name {name!r} in {MULTI_DISPATCH} is empty past {LMQ_PREFIX}, "
-                                              f"holds '/' or NUL, or is over {longest} bytes")
+                    raise InvalidMessageError(
+                        f"light queue name {name!r} in {MULTI_DISPATCH} is empty past {LMQ_PREFIX}, "
+                        f"holds '/' or NUL, or is over {longest} bytes"
+                    )
             todo.append((index, names))
         return todo
 
@@ -190,7 +209,9 @@ class LightQueues:
                 prepared[index] = (template, body, body_crc, properties_bytes, unique_key)
             extra = _OFFSETS_EXTRA + _OFFSET_WIDTH * len(names)
             if len(properties_bytes) + extra > record.MAX_PROPERTIES_BYTES:
-                raise InvalidMessageError(f"{len(names)} light queues make the properties over {record.MAX_PROPERTIES_BYTES} bytes")
+                raise InvalidMessageError(
+                    f"{len(names)} light queues make the properties over {record.MAX_PROPERTIES_BYTES} bytes"
+                )
             if template.fixed_size + len(body) + len(properties_bytes) + extra + record.BLANK_SIZE > segment_size:
                 raise InvalidMessageError("the record with its light queues' offsets does not fit a commit-log segment")
 
@@ -200,8 +221,12 @@ class LightQueues:
         pending, queue_offsets = self._pending, self.queue_offsets
         use_files, file_queues = self.use_files, self.file_queues
         if not use_files:
-            unknown = {name for _, names in todo for name in names
-                       if name not in pending and name.startswith(LMQ_PREFIX) and name not in file_queues}
+            unknown = {
+                name
+                for _, names in todo
+                for name in names
+                if name not in pending and name.startswith(LMQ_PREFIX) and name not in file_queues
+            }
             if unknown:
                 ordered = sorted(unknown)
                 pending.update(zip(ordered, self._kv().max_offsets(ordered)))
@@ -225,7 +250,13 @@ class LightQueues:
                 text = MULTI_DISPATCH_SEPARATOR.join([str(offsets[name]) if name in offsets else "" for name in names])
             template, body, body_crc, properties_bytes, unique_key = prepared[index]
             offsets_property = b"".join((_OFFSETS_PREFIX, text.encode("ascii"), b"\x02"))
-            prepared[index] = (template, body, body_crc, record.add_before_crc_property(properties_bytes, offsets_property), unique_key)
+            prepared[index] = (
+                template,
+                body,
+                body_crc,
+                record.add_before_crc_property(properties_bytes, offsets_property),
+                unique_key,
+            )
             taken.append((index, list(offsets)))
         return taken
 
@@ -290,7 +321,9 @@ class LightQueues:
             if not found_names or not found_offsets:
                 continue
             offset = offsets[i]
-            for name, text in zip(found_names.split(MULTI_DISPATCH_SEPARATOR), found_offsets.split(MULTI_DISPATCH_SEPARATOR)):
+            for name, text in zip(
+                found_names.split(MULTI_DISPATCH_SEPARATOR), found_offsets.split(MULTI_DISPATCH_SEPARATOR)
+            ):
                 if not name.startswith(LMQ_PREFIX) or "/" in name or not text.isdigit():
                     continue
                 if self.in_files(name):
@@ -311,8 +344,9 @@ class LightQueues:
                     self._pending = {}  # a dict keeps the table it grew to; a burst's is given back
         self._dispatched = max(self._dispatched, end)
 
-    def _put_file_unit(self, name: str, queue_offset: int, offset: int, size: int, tags_code: int,
-                       changes: dict[QueueKey, int]) -> None:
+    def _put_file_unit(
+        self, name: str, queue_offset: int, offset: int, size: int, tags_code: int, changes: dict[QueueKey, int]
+    ) -> None:
         cq = self.consume_queues.get_or_create(name, LMQ_QUEUE_ID)
         if cq.is_empty:
             cq.initialize_at(queue_offset)
@@ -329,8 +363,11 @@ class LightQueues:
         bytes the tables had: only after the machine, not the process, went down under async
         flush) are emptied, and recovery builds them again from the whole log."""
         if self.kv is not None and self.kv.dispatched > commit_log_end:
-            log.warning("light queues: the key-value tables hold units past the commit log's end %d; rebuilding them "
-                        "from the log", commit_log_end)
+            log.warning(
+                "light queues: the key-value tables hold units past the commit log's end %d; rebuilding them "
+                "from the log",
+                commit_log_end,
+            )
             self.kv.clear()
             self._dispatched = self._held_at_open = 0
 
@@ -365,7 +402,11 @@ class LightQueues:
         return self.kv.bounds(name)[1] if self.kv is not None else 0
 
     def offset_for_timestamp(self, name: str, timestamp: int, upper: bool = False) -> int:
-        return self.kv.offset_for_timestamp(name, timestamp, upper, self.commit_log.min_offset) if self.kv is not None else 0
+        return (
+            self.kv.offset_for_timestamp(name, timestamp, upper, self.commit_log.min_offset)
+            if self.kv is not None
+            else 0
+        )
 
     def names(self, prefix: str = LMQ_PREFIX) -> Iterator[str]:
         """The names of the live light queues starting with `prefix`, in order."""
@@ -375,7 +416,8 @@ class LightQueues:
     def count(self) -> int:
         """Live light queues (key-value and file)."""
         return (self.kv.count() if self.kv is not None else 0) + len(
-            [key for key in self.consume_queues.queues if is_light_queue(key[0])])
+            [key for key in self.consume_queues.queues if is_light_queue(key[0])]
+        )
 
     # -- consumer offsets and expiry ------------------------------------------------------------
 

@@ -151,7 +151,11 @@ def _allocate(fd: int, start: int, end: int) -> None:
 
 class CommitLog:
     def __init__(
-        self, directory: Path, segment_size: int = DEFAULT_SEGMENT_SIZE, warm_ahead: int = WARM_AHEAD, background_warm: bool = False
+        self,
+        directory: Path,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+        warm_ahead: int = WARM_AHEAD,
+        background_warm: bool = False,
     ) -> None:
         if segment_size < 4096:
             raise ValueError(f"segment size {segment_size} is too small (at least 4096 bytes)")
@@ -168,9 +172,13 @@ class CommitLog:
         for path, size in zip(paths, sizes):
             start = int(path.name)
             if start % segment_size:
-                raise ValueError(f"commit-log segment {path.name} is not aligned to the {segment_size}-byte segment size")
+                raise ValueError(
+                    f"commit-log segment {path.name} is not aligned to the {segment_size}-byte segment size"
+                )
             if size < segment_size:
-                log.warning("commit-log segment %s is %d bytes, shorter than %d; extending it", path, size, segment_size)
+                log.warning(
+                    "commit-log segment %s is %d bytes, shorter than %d; extending it", path, size, segment_size
+                )
             self.segments.append(Segment(path, start, segment_size, create=False))
         self._active: Segment | None = None  # the segment being appended to (append lock held)
         self._ready_end = 0  # records ending at or below this offset fit the active segment's warm pages

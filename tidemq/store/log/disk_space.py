@@ -34,10 +34,16 @@ class Usage(NamedTuple):
 
 
 class DiskSpaceGuard:
-    def __init__(self, path: Path, warning_level_ratio: int = DEFAULT_WARNING_LEVEL_RATIO,
-                 usage: Callable[[Path], tuple[int, int, int]] = shutil.disk_usage) -> None:
+    def __init__(
+        self,
+        path: Path,
+        warning_level_ratio: int = DEFAULT_WARNING_LEVEL_RATIO,
+        usage: Callable[[Path], tuple[int, int, int]] = shutil.disk_usage,
+    ) -> None:
         if not 1 <= warning_level_ratio <= 100:
-            raise ValueError(f"disk space warning level ratio must be within 1-100 (percent), not {warning_level_ratio}")
+            raise ValueError(
+                f"disk space warning level ratio must be within 1-100 (percent), not {warning_level_ratio}"
+            )
         self.path = path
         self.warning_level_ratio = warning_level_ratio
         self.usage = usage
@@ -56,8 +62,13 @@ class DiskSpaceGuard:
         self.used_percent = 100.0 * (total - free) / total if total > 0 else 0.0
         full = self.used_percent > self.warning_level_ratio
         if full and not self.full:
-            log.error("the disk of %s is %.1f%% used, over diskSpaceWarningLevelRatio (%d%%): appends are refused "
-                      "until space is freed", self.path, self.used_percent, self.warning_level_ratio)
+            log.error(
+                "the disk of %s is %.1f%% used, over diskSpaceWarningLevelRatio (%d%%): appends are refused "
+                "until space is freed",
+                self.path,
+                self.used_percent,
+                self.warning_level_ratio,
+            )
         elif self.full and not full:
             log.warning("the disk of %s is %.1f%% used again: appends are taken", self.path, self.used_percent)
         self.full = full
@@ -65,6 +76,8 @@ class DiskSpaceGuard:
 
     def refusal(self) -> StoreIOError:
         """What an append raises while the disk is full (nothing stored)."""
-        return StoreIOError(errno.ENOSPC, f"append refused, nothing stored: the store's disk is {self.used_percent:.1f}% "
-                                          f"used, over diskSpaceWarningLevelRatio ({self.warning_level_ratio}%)")
-
+        return StoreIOError(
+            errno.ENOSPC,
+            f"append refused, nothing stored: the store's disk is {self.used_percent:.1f}% "
+            f"used, over diskSpaceWarningLevelRatio ({self.warning_level_ratio}%)",
+        )

@@ -63,7 +63,9 @@ class GroupCommit:
         self.flushed = commit_log.flushed_position
         self._callbacks: list[tuple[int, float, DurableCallback, object]] = []
         self._listeners: set[FlushListener] = set()  # to tell of the next fsync
-        self._waiters: list[tuple[int, threading.Lock]] = []  # blocked putters: (end offset, their lock, held until released)
+        self._waiters: list[
+            tuple[int, threading.Lock]
+        ] = []  # blocked putters: (end offset, their lock, held until released)
         self.fsyncs = 0
         self.fsyncs_started = 0  # the flusher counts an fsync here before it looks at write_position
         self.error: BaseException | None = None

@@ -35,7 +35,13 @@ except ImportError:
 UNIQ_KEY_PREFIX = f"{record.PROPERTY_UNIQ_KEY}\x01".encode("ascii")
 # The record's numeric fields a message sets, with their widths: FLAG, SYSFLAG, RECONSUMETIMES
 # (i32), PREPAREDTXOFFSET and BORNTIMESTAMP (i64).
-_NUMERIC_FIELDS = (("flag", 32), ("sysflag", 32), ("reconsume_times", 32), ("prepared_transaction_offset", 64), ("born_timestamp", 64))
+_NUMERIC_FIELDS = (
+    ("flag", 32),
+    ("sysflag", 32),
+    ("reconsume_times", 32),
+    ("prepared_transaction_offset", 64),
+    ("born_timestamp", 64),
+)
 _NUMERIC_STRUCT = struct.Struct(">iiiqq")
 
 
@@ -90,13 +96,31 @@ class MessageEncoder:
         # property, reserved here and filled in once the record is written (record.seal_crc_property)
         self._crc_tail = record.CRC32_PROPERTY_RESERVED if config.append_crc_property else b""
 
-    def common_put_state(self, message_type: type, queue_offsets: dict[tuple[str, int], int], result_type: type, commit_log: Any,
-                         clock: Callable[[], int] | None) -> CommonPutState:
+    def common_put_state(
+        self,
+        message_type: type,
+        queue_offsets: dict[tuple[str, int], int],
+        result_type: type,
+        commit_log: Any,
+        clock: Callable[[], int] | None,
+    ) -> CommonPutState:
         cfg = self.config
         return CommonPutState(
-            message_type, self._valid_topics, cfg.max_queue_id, cfg.max_message_size, self._property_suffixes, self._templates,
-            UNIQ_KEY_PREFIX, self._unique_keys, record.crc32, self.segment_size, queue_offsets, cfg.store_host, result_type,
-            commit_log, clock,
+            message_type,
+            self._valid_topics,
+            cfg.max_queue_id,
+            cfg.max_message_size,
+            self._property_suffixes,
+            self._templates,
+            UNIQ_KEY_PREFIX,
+            self._unique_keys,
+            record.crc32,
+            self.segment_size,
+            queue_offsets,
+            cfg.store_host,
+            result_type,
+            commit_log,
+            clock,
         )
 
     def invalid(self, message: Message) -> str | None:
@@ -137,8 +161,18 @@ class MessageEncoder:
         cfg = self.config
         unique_keys = self._unique_keys
         return _prepare_messages(
-            messages, self.prepare, self._valid_topics, cfg.max_queue_id, cfg.max_message_size, self._property_suffixes,
-            self._templates, UNIQ_KEY_PREFIX, unique_keys.prefix, unique_keys.counter, record.crc32, self.segment_size,
+            messages,
+            self.prepare,
+            self._valid_topics,
+            cfg.max_queue_id,
+            cfg.max_message_size,
+            self._property_suffixes,
+            self._templates,
+            UNIQ_KEY_PREFIX,
+            unique_keys.prefix,
+            unique_keys.counter,
+            record.crc32,
+            self.segment_size,
         )
 
     def prepare(self, message: Message) -> tuple:
@@ -160,7 +194,13 @@ class MessageEncoder:
                 self._valid_topics.add(topic)
             body = bytes(body)
         try:  # the numeric fields fit the record (checked here so that a batch stores all or none)
-            _NUMERIC_STRUCT.pack(message.flag, message.sysflag, message.reconsume_times, message.prepared_transaction_offset, message.born_timestamp or 0)
+            _NUMERIC_STRUCT.pack(
+                message.flag,
+                message.sysflag,
+                message.reconsume_times,
+                message.prepared_transaction_offset,
+                message.born_timestamp or 0,
+            )
         except struct.error:
             raise InvalidMessageError(self.invalid(message) or "a numeric field does not fit the record") from None
         properties = message.properties
@@ -186,7 +226,9 @@ class MessageEncoder:
                 suffix = self._property_suffix(message.tags, keys)
             properties_bytes = b"".join((UNIQ_KEY_PREFIX, unique_key.encode("ascii"), suffix))
         if len(properties_bytes) > record.MAX_PROPERTIES_BYTES:
-            raise InvalidMessageError(f"properties are {len(properties_bytes)} bytes, at most {record.MAX_PROPERTIES_BYTES}")
+            raise InvalidMessageError(
+                f"properties are {len(properties_bytes)} bytes, at most {record.MAX_PROPERTIES_BYTES}"
+            )
         template = self._templates.get((topic, message.born_host))
         if template is None:
             template = self._template(topic, message.born_host)

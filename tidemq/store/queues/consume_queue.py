@@ -255,12 +255,29 @@ class ConsumeQueue:
     directory and its files' paths made when asked for, and its set of pending slots shared (empty)
     until it has one: a broker may hold millions of light queues (`adopted_many`)."""
 
-    __slots__ = ("topic", "queue_id", "root", "units_per_file", "_files", "_lock", "table", "row", "min_offset",
-                 "_pending", "max_physical_offset")
+    __slots__ = (
+        "topic",
+        "queue_id",
+        "root",
+        "units_per_file",
+        "_files",
+        "_lock",
+        "table",
+        "row",
+        "min_offset",
+        "_pending",
+        "max_physical_offset",
+    )
 
     def __init__(
-        self, root: Path | str, topic: str, queue_id: int, units_per_file: int = DEFAULT_UNITS_PER_FILE, load: bool = True,
-        table: FrontierTable | None = None, row: int | None = None,
+        self,
+        root: Path | str,
+        topic: str,
+        queue_id: int,
+        units_per_file: int = DEFAULT_UNITS_PER_FILE,
+        load: bool = True,
+        table: FrontierTable | None = None,
+        row: int | None = None,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
@@ -273,7 +290,9 @@ class ConsumeQueue:
         self.row = self.table.allocate() if row is None else row
         self.min_offset = 0
         # the commit frontier (exclusive: slots below it are all written) is table.frontiers[row]
-        self._pending: set[int] | frozenset[int] = _NOTHING_PENDING  # written slots above the frontier (`_pending_slots`)
+        self._pending: set[int] | frozenset[int] = (
+            _NOTHING_PENDING  # written slots above the frontier (`_pending_slots`)
+        )
         self.max_physical_offset = 0  # end of the furthest commit-log record indexed
         if load:  # load=False: parallel dispatch adopts files its workers are writing (adopt_files)
             self._load()
@@ -325,7 +344,9 @@ class ConsumeQueue:
         for path in names:
             byte_offset = int(path.name)
             if byte_offset % self.file_size:
-                log.warning("consume queue file %s is not aligned to the %d-byte file size; ignored", path, self.file_size)
+                log.warning(
+                    "consume queue file %s is not aligned to the %d-byte file size; ignored", path, self.file_size
+                )
                 continue
             self._files.append(_QueueFile(self, byte_offset // UNIT_SIZE, create=False))
         if not self._files:
@@ -512,8 +533,15 @@ class ConsumeQueue:
         self._start_at(first_offset)
 
     @classmethod
-    def adopted_many(cls, root: Path | str, units_per_file: int, table: FrontierTable, keys: Sequence[tuple[str, int]],
-                     firsts: Sequence[int], ends: Sequence[int]) -> list[ConsumeQueue]:
+    def adopted_many(
+        cls,
+        root: Path | str,
+        units_per_file: int,
+        table: FrontierTable,
+        keys: Sequence[tuple[str, int]],
+        firsts: Sequence[int],
+        ends: Sequence[int],
+    ) -> list[ConsumeQueue]:
         """New queues whose files starting at `firsts` parallel-dispatch workers made, queue i's
         slots [firsts[i], ends[i]) written and now committed: what `ConsumeQueue(load=False)`,
         `adopt_files(first)` and `commit_range(first, end)` make of each, in one step (a batch may
@@ -556,8 +584,11 @@ class ConsumeQueue:
         count = len(slots)
         first = int(slots[0])
         last = int(slots[-1])
-        if first < self.commit_frontier or last - first != count - 1 or not self._files or (
-            count > 1 and not bool((slots[1:] - slots[:-1] == 1).all())
+        if (
+            first < self.commit_frontier
+            or last - first != count - 1
+            or not self._files
+            or (count > 1 and not bool((slots[1:] - slots[:-1] == 1).all()))
         ):
             moved = False
             for slot, unit in zip(slots.tolist(), units.tolist()):
@@ -616,12 +647,15 @@ class ConsumeQueue:
                 offset = stop
             return out
 
-    def offset_for_timestamp(self, timestamp: int, store_time_of: Callable[[int], int | None], upper: bool = False) -> int:
+    def offset_for_timestamp(
+        self, timestamp: int, store_time_of: Callable[[int], int | None], upper: bool = False
+    ) -> int:
         """The queue offset whose message was stored at `timestamp` (spec §2).
 
         `store_time_of(commit_log_offset)` reads a record's store time, or None if that record is
         gone (treated as older than everything).  LOWER (default): the first entry with store time
         ≥ timestamp; UPPER: the last entry with store time ≤ timestamp.  Clamped to [min, max]."""
+
         def time_at(q: int) -> int:
             t = store_time_of(self._unit_at(q)[0])
             return -1 if t is None else t

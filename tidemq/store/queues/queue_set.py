@@ -175,7 +175,13 @@ class ConsumeQueueStore:
         for key, cq in list(self.queues.items()):
             dropped = cq.truncate(commit_log_end)
             if dropped:
-                log.info("consume queue %s/%d: dropped %d entries past commit-log offset %d", key[0], key[1], dropped, commit_log_end)
+                log.info(
+                    "consume queue %s/%d: dropped %d entries past commit-log offset %d",
+                    key[0],
+                    key[1],
+                    dropped,
+                    commit_log_end,
+                )
 
     def correct_min_offset(self, min_commit_log_offset: int) -> None:
         for cq in self.queues.values():

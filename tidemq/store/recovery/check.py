@@ -140,7 +140,9 @@ def expected_unit(rec: record.Record, topic: str, queue_id: int) -> tuple[int, i
     a light queue's it is multi-dispatched to (special_queues); None if it has none there."""
     code = record.tags_code(rec.tags)
     if (rec.topic, rec.queue_id) == (topic, queue_id):
-        return rec.queue_offset, queue_tags_code(rec.topic, rec.properties.get(PROPERTY_DELAY), rec.store_timestamp, code)
+        return rec.queue_offset, queue_tags_code(
+            rec.topic, rec.properties.get(PROPERTY_DELAY), rec.store_timestamp, code
+        )
     for lmq_topic, lmq_queue_id, lmq_offset in lmq_units(rec.topic, rec.queue_id, rec.properties.get):
         if (lmq_topic, lmq_queue_id) == (topic, queue_id):
             return lmq_offset, code

@@ -36,9 +36,15 @@ def placeholder(damaged: bytes, offset: int) -> bytes | None:
     if fields.properties.get("TAGS"):
         kept["TAGS"] = fields.properties["TAGS"]
     size = len(damaged)
-    common: dict[str, Any] = dict(topic=fields.topic, queue_id=fields.queue_id, queue_offset=fields.queue_offset,
-                  commit_log_offset=offset, store_timestamp=fields.store_timestamp,
-                  born_timestamp=fields.born_timestamp, sysflag=fields.sysflag & ~record.FLAG_COMPRESSED)
+    common: dict[str, Any] = dict(
+        topic=fields.topic,
+        queue_id=fields.queue_id,
+        queue_offset=fields.queue_offset,
+        commit_log_offset=offset,
+        store_timestamp=fields.store_timestamp,
+        born_timestamp=fields.born_timestamp,
+        sysflag=fields.sysflag & ~record.FLAG_COMPRESSED,
+    )
     try:
         common["born_host"], common["store_host"] = fields.born_host, fields.store_host
         bare = record.encode(body=b"", properties=kept, **common)

@@ -86,7 +86,9 @@ def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogSc
         if segment is None:
             break
         pos = offset - segment.start
-        columns = scan(segment.mm, pos, segment.size, segment.start, soft_stop=min(pos + SCAN_CHUNK_BYTES, segment.size))
+        columns = scan(
+            segment.mm, pos, segment.size, segment.start, soft_stop=min(pos + SCAN_CHUNK_BYTES, segment.size)
+        )
         good = len(columns)
         if good and check_crc:
             good = _crc_prefix(segment.mm, columns)
@@ -95,7 +97,14 @@ def scan_log(commit_log: CommitLog, start: int, check_crc: bool = True) -> LogSc
             offset = found.end = int(columns.offsets[good - 1]) + int(columns.sizes[good - 1])
             if good == len(columns):
                 continue
-        result = record.decode(segment.mm, offset - segment.start, base_offset=segment.start, check_crc=check_crc, read_body=check_crc, read_properties=False)
+        result = record.decode(
+            segment.mm,
+            offset - segment.start,
+            base_offset=segment.start,
+            check_crc=check_crc,
+            read_body=check_crc,
+            read_properties=False,
+        )
         if type(result) is record.Record:  # not expected: the scan takes every record decode does
             offset += result.total_size
             found.end = offset
@@ -170,7 +179,9 @@ def _take(found: LogScan, columns: RecordColumns, count: int) -> None:
     last_rows = rows[len(rows) - 1 - last]
     names = columns.topic_names
     ends = columns.queue_offsets[last_rows] + 1
-    for topic_id, queue_id, end in zip(columns.topic_ids[last_rows].tolist(), columns.queue_ids[last_rows].tolist(), ends.tolist()):
+    for topic_id, queue_id, end in zip(
+        columns.topic_ids[last_rows].tolist(), columns.queue_ids[last_rows].tolist(), ends.tolist()
+    ):
         found.queue_ends[(names[topic_id], queue_id)] = end
 
 
@@ -205,7 +216,9 @@ def choose_scan_start(commit_log: CommitLog, covered: int, checkpoint: Checkpoin
         # walk back while the segment's first record is newer than the checkpoint's safe time
         index = commit_log.segments.index(segment)
         while index > 0:
-            first = commit_log.read_record(commit_log.segments[index].start, check_crc=False, read_body=False, read_properties=False)
+            first = commit_log.read_record(
+                commit_log.segments[index].start, check_crc=False, read_body=False, read_properties=False
+            )
             if type(first) is record.Record and first.store_timestamp <= checkpoint.min_timestamp:
                 break
             index -= 1
@@ -279,16 +292,26 @@ def _set_aside(commit_log: CommitLog, directory: Path, bad: record.Invalid, repo
     kept = keep_damaged(directory, bad.offset, damaged)
     segment.mm[pos : pos + bad.size] = stand_in
     segment.mm.flush()
-    msg = (f"damaged record at commit-log offset {bad.offset} ({bad.reason}): replaced by a placeholder of its "
-           f"{bad.size} bytes that readers skip; the records after it are kept (damaged bytes in {kept})")
+    msg = (
+        f"damaged record at commit-log offset {bad.offset} ({bad.reason}): replaced by a placeholder of its "
+        f"{bad.size} bytes that readers skip; the records after it are kept (damaged bytes in {kept})"
+    )
     log.warning("repair: %s", msg)
     report.messages.append(msg)
     return True
 
 
-def recover(directory: Path, commit_log: CommitLog, queues: ConsumeQueueStore, key_index: KeyIndex | None,
-            light_queues: CutBackIndex | None, checkpoint: Checkpoint, abnormal: bool, repair: bool,
-            start_dispatcher: Callable[[int], Redispatcher]) -> Recovered:
+def recover(
+    directory: Path,
+    commit_log: CommitLog,
+    queues: ConsumeQueueStore,
+    key_index: KeyIndex | None,
+    light_queues: CutBackIndex | None,
+    checkpoint: Checkpoint,
+    abnormal: bool,
+    repair: bool,
+    start_dispatcher: Callable[[int], Redispatcher],
+) -> Recovered:
     """Open-time recovery of a store (the policy in this module's docstring): validate the log,
     set damaged records aside (`repair`) or refuse to open, cut what follows the last valid
     record, cut the indexes back to it, and have the dispatcher `start_dispatcher(offset)` makes
@@ -300,7 +323,12 @@ def recover(directory: Path, commit_log: CommitLog, queues: ConsumeQueueStore, k
         start = commit_log.segments[0].start  # a repair validates the whole log
     scan = scan_log(commit_log, start)
     report = RecoveryReport(abnormal=abnormal, scan_from=start, end=scan.end)
-    while repair and scan.corrupt_in_middle and scan.invalid is not None and _set_aside(commit_log, directory, scan.invalid, report):
+    while (
+        repair
+        and scan.corrupt_in_middle
+        and scan.invalid is not None
+        and _set_aside(commit_log, directory, scan.invalid, report)
+    ):
         scan = scan_log(commit_log, start)
         report.end = scan.end
     if scan.invalid is not None:
@@ -352,8 +380,11 @@ def recover(directory: Path, commit_log: CommitLog, queues: ConsumeQueueStore, k
     dispatcher.dispatch_until(scan.end, notify=False)
     # a queue with no file that the redispatch started past slot 0 lost its files: its
     # earlier entries are in the log below where the redispatch began
-    late = [] if redispatch_from <= commit_log.min_offset else [
-        key for key, cq in queues.queues.items() if key not in known and cq.min_offset > 0]
+    late = (
+        []
+        if redispatch_from <= commit_log.min_offset
+        else [key for key, cq in queues.queues.items() if key not in known and cq.min_offset > 0]
+    )
     behind = [key for key, end in scan.queue_ends.items() if _frontier(queues, key) < end]
     if late or queues.has_holes() or behind:
         msg = "consume queues have missing entries (deleted or damaged files); rebuilding them from the whole log"
