@@ -21,6 +21,7 @@ run: install
 # ruff and mypy over tidemq/ (their settings are in pyproject.toml): zero findings
 lint: install
 	$(BIN)/ruff check tidemq
+	$(BIN)/ruff format --check tidemq
 	$(BIN)/mypy tidemq
 
 test: lint
