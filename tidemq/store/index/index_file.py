@@ -104,6 +104,18 @@ def _agrees(mm, hash_slots: int, max_entries: int) -> bool:
     return first_phy == begin_phy and last_phy == end_phy and head == count - 1
 
 
+def _chains_hold(mm, hash_slots: int, count: int) -> bool:
+    """Whether every slot heads a chain inside the file's entries and every entry's prev index
+    and time difference are in range: what a guessed geometry must show, since a file's size and
+    its last entry alone fit several (one record's entries share their phyOffset)."""
+    slots = np.frombuffer(mm, dtype=">i4", count=hash_slots, offset=HEADER_SIZE)
+    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) >= count):
+        return False
+    entries = np.frombuffer(mm, dtype=ENTRY_DTYPE, count=count, offset=HEADER_SIZE + hash_slots * SLOT_SIZE)[1:]
+    own = np.arange(1, count)
+    return bool(np.all((entries["prev"] >= 0) & (entries["prev"] < own) & (entries["time_diff"] >= 0)))
+
+
 def file_geometry(mm, hash_slots: int | None = None, max_entries: int | None = None) -> tuple[int, int] | None:
     """(hash slots, max entries) of an index file's bytes: the given geometry, the default one,
     or the one the entries prove (see the module docstring); None if none fits."""
@@ -126,7 +138,7 @@ def file_geometry(mm, hash_slots: int | None = None, max_entries: int | None = N
         slots, rest = divmod(at - first_field, SLOT_SIZE)
         if not rest and (size - HEADER_SIZE - (slots + 1) * SLOT_SIZE) % ENTRY_SIZE == 0:
             entries = (size - HEADER_SIZE - (slots + 1) * SLOT_SIZE) // ENTRY_SIZE
-            if _agrees(mm, slots + 1, entries):
+            if _agrees(mm, slots + 1, entries) and _chains_hold(mm, slots + 1, count):
                 return slots + 1, entries
         at = mm.find(needle, at + 1)
     return None
