@@ -24,6 +24,10 @@ class ServeOptions:
     max_message_size: int = 4 * 1024 * 1024
     append_crc_property: bool = True
     disk_space_warning_level_ratio: int = 90
+    enable_lmq: bool = True
+    enable_multi_dispatch: bool = True
+    light_queue_store: str = "kv"
+    light_queue_idle_expiry_ms: int = 24 * 3600 * 1000
     long_polling_timeout_ms: int = 20_000
     grace_seconds: float = 5.0
     auto_renew_invisible_time_ms: int = 60_000
@@ -78,6 +82,25 @@ OPTIONS = [
         "enabledAppendPropCRC",
         "append_crc_property",
         "append RocketMQ's whole-record CRC property (__CRC32#) to each record (true|false)",
+    ),
+    ("--enable-lmq", "enableLmq", "enable_lmq", "%%LMQ%% queues are light queues, read as queue 0 (true|false)"),
+    (
+        "--enable-multi-dispatch",
+        "enableMultiDispatch",
+        "enable_multi_dispatch",
+        "dispatch a message to the light queues its INNER_MULTI_DISPATCH property names (true|false)",
+    ),
+    (
+        "--light-queue-store",
+        "lightQueueStore",
+        "light_queue_store",
+        "where light queues live: kv (key-value tables, any number) | file (RocketMQ's consumequeue/%%LMQ%%name/0/)",
+    ),
+    (
+        "--light-queue-idle-expiry-ms",
+        "lightQueueIdleExpiryMillis",
+        "light_queue_idle_expiry_ms",
+        "an idle, fully consumed light queue and its consumer offsets go after this long (0: never)",
     ),
     (
         "--long-polling-timeout-ms",
@@ -192,6 +215,7 @@ OPTIONS = [
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+LIGHT_QUEUE_STORES = ("kv", "file")  # the store's own list (tidemq.store.light), kept here to import nothing heavy
 # RocketMQ's tls.server.mode names (disabled | permissive | enforcing) are accepted too
 _TLS_MODES = {
     "off": "off",
@@ -249,6 +273,14 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
     if not 0 <= options.priority_retry_first_percent <= 100:
         raise ValueError(
             f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}"
+        )
+    if options.light_queue_store not in LIGHT_QUEUE_STORES:
+        raise ValueError(
+            f"light queue store must be one of {', '.join(LIGHT_QUEUE_STORES)}, not {options.light_queue_store!r}"
+        )
+    if options.light_queue_idle_expiry_ms < 0:
+        raise ValueError(
+            f"light queue idle expiry must be 0 (never) or more ms, not {options.light_queue_idle_expiry_ms}"
         )
     if not 1 <= options.disk_space_warning_level_ratio <= 100:
         raise ValueError(

@@ -41,6 +41,10 @@ class Server:
             store_host=(host if host[0].isdigit() else "127.0.0.1", 10911),
             append_crc_property=options.append_crc_property,
             disk_space_warning_level_ratio=options.disk_space_warning_level_ratio,
+            enable_lmq=options.enable_lmq,
+            enable_multi_dispatch=options.enable_multi_dispatch,
+            light_queue_store=options.light_queue_store,
+            light_queue_idle_expiry_ms=options.light_queue_idle_expiry_ms,
         )
         self.broker_config = broker_config or BrokerConfig(
             auto_create_topic_enable=options.auto_create_topic,

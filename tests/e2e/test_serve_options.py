@@ -45,6 +45,26 @@ def test_the_crc_property_and_the_disk_space_level_have_rocketmqs_keys(tmp_path)
         parse("--disk-space-warning-level-ratio", "101")
 
 
+def test_light_queue_options_have_rocketmqs_keys_and_reach_the_store(tmp_path):
+    from tidemq.server import Server
+
+    config = tmp_path / "tidemq.toml"
+    config.write_text('enableLmq = false\nenableMultiDispatch = false\nlightQueueStore = "file"\n')
+    options = parse("--config", str(config), "--light-queue-idle-expiry-ms", "60000")
+    store_config = Server(options).store_config
+    assert (store_config.enable_lmq, store_config.enable_multi_dispatch) == (False, False)
+    assert (store_config.light_queue_store, store_config.light_queue_idle_expiry_ms) == ("file", 60_000)
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert "%LMQ% queues are light queues" in parser.format_help()
+    defaults = Server(parse()).store_config
+    assert (defaults.enable_lmq, defaults.enable_multi_dispatch, defaults.light_queue_store) == (True, True, "kv")
+    with pytest.raises(ValueError, match="light queue store must be one of kv, file"):
+        parse("--light-queue-store", "rocks")
+    with pytest.raises(ValueError, match="light queue idle expiry"):
+        parse("--light-queue-idle-expiry-ms", "-1")
+
+
 def test_bad_options_are_refused_with_a_message(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text("noSuchKey = 1\n")
