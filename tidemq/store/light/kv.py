@@ -34,8 +34,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import lmdb
-
 from ..queues.consume_queue import Unit, offset_by_time
 
 NUMBER = struct.Struct(">Q")
@@ -73,6 +71,8 @@ class KvLightQueues:
     def __init__(self, directory: Path | str, map_size: int = DEFAULT_MAP_SIZE) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        import lmdb  # here, not at the top: Spark executors import the store's codecs without lmdb
+
         self.env = lmdb.open(
             str(self.directory),
             map_size=map_size,
@@ -404,6 +404,8 @@ def offline_count(directory: Path | str) -> tuple[int, int] | None:
     store that has them open), or None if there are none."""
     if not (Path(directory) / "data.mdb").is_file():
         return None
+    import lmdb  # see KvLightQueues
+
     env = lmdb.open(str(directory), readonly=True, max_dbs=8, max_readers=1024, create=False)
     try:
         with env.begin() as txn:
