@@ -201,7 +201,6 @@ class SniffingListener:
             return
         task = self.loop.create_task(self._hand_over(connection, tls, accepted_at))
         self._handovers.add(task)
-        task.add_done_callback(self._handovers.discard)
 
     async def _hand_over(self, connection: socket.socket, tls: bool, accepted_at: float) -> None:
         peer = _peer(connection)
@@ -227,6 +226,11 @@ class SniffingListener:
                 "closing a %s connection from %s: %s", "TLS" if tls else "plaintext", peer, exc or type(exc).__name__
             )
             connection.close()
+        finally:
+            # Uncounted in the loop turn that follows the socket's close, before that turn's accepts:
+            # a peer that connects again on seeing the close finds the slot free (a done callback
+            # would run a turn later, after such an accept).
+            self._handovers.discard(asyncio.current_task())
 
 
 def _peer(connection: socket.socket) -> str:
