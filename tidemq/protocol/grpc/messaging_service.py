@@ -173,7 +173,7 @@ class MessagingService:
             await self.broker.send_batch(
                 [p for p in publishes if not isinstance(p, BrokerError)], lambda: _peer_host(rpc)
             )
-        )  # the peer costs 6 us: asked if needed
+        )  # the peer is looked up only when a record needs it
         response = svc.SendMessageResponse()
         entries = response.entries
         failed = 0
