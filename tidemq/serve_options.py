@@ -215,7 +215,6 @@ OPTIONS = [
 ]
 _FLUSH_NAMES = {"async": "async", "sync": "sync", "ASYNC_FLUSH": "async", "SYNC_FLUSH": "sync"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-LIGHT_QUEUE_STORES = ("kv", "file")  # the store's own list (tidemq.store.light), kept here to import nothing heavy
 # RocketMQ's tls.server.mode names (disabled | permissive | enforcing) are accepted too
 _TLS_MODES = {
     "off": "off",
@@ -274,14 +273,7 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
         raise ValueError(
             f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}"
         )
-    if options.light_queue_store not in LIGHT_QUEUE_STORES:
-        raise ValueError(
-            f"light queue store must be one of {', '.join(LIGHT_QUEUE_STORES)}, not {options.light_queue_store!r}"
-        )
-    if options.light_queue_idle_expiry_ms < 0:
-        raise ValueError(
-            f"light queue idle expiry must be 0 (never) or more ms, not {options.light_queue_idle_expiry_ms}"
-        )
+    check_light_queue_options(options)
     if not 1 <= options.disk_space_warning_level_ratio <= 100:
         raise ValueError(
             f"disk space warning level ratio must be within 1-100 (percent), not "
@@ -289,6 +281,17 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
         )
     http2_limits(options)  # refuses a limit out of its range
     return options
+
+
+def check_light_queue_options(options: ServeOptions) -> None:
+    """The store's config judges the light-queue options (one list of stores, one range of
+    expiry): ValueError as StoreConfig raises it."""
+    from .store import StoreConfig
+
+    StoreConfig(
+        light_queue_store=options.light_queue_store,
+        light_queue_idle_expiry_ms=options.light_queue_idle_expiry_ms,
+    )
 
 
 def http2_limits(options: ServeOptions):

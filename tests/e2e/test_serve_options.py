@@ -7,6 +7,7 @@ import argparse
 import pytest
 
 from tidemq.serve_options import OPTIONS, ServeOptions, add_serve_arguments, resolve_options
+from tidemq.store.light.queues import LIGHT_QUEUE_STORES
 
 from .server import ServerProcess, tidemq
 
@@ -59,10 +60,12 @@ def test_light_queue_options_have_rocketmqs_keys_and_reach_the_store(tmp_path):
     assert "%LMQ% queues are light queues" in parser.format_help()
     defaults = Server(parse()).store_config
     assert (defaults.enable_lmq, defaults.enable_multi_dispatch, defaults.light_queue_store) == (True, True, "kv")
-    with pytest.raises(ValueError, match="light queue store must be one of kv, file"):
+    with pytest.raises(ValueError, match=r"light_queue_store must be one of \('kv', 'file'\), not 'rocks'"):
         parse("--light-queue-store", "rocks")
-    with pytest.raises(ValueError, match="light queue idle expiry"):
+    with pytest.raises(ValueError, match="light_queue_idle_expiry_ms must be 0"):
         parse("--light-queue-idle-expiry-ms", "-1")
+    for store in LIGHT_QUEUE_STORES:  # the store's list is the one the options take
+        assert parse("--light-queue-store", store).light_queue_store == store
 
 
 def test_bad_options_are_refused_with_a_message(tmp_path):

@@ -96,6 +96,10 @@ class StoreConfig:
             raise ValueError(f"flush must be {FLUSH_ASYNC!r} or {FLUSH_SYNC!r}, not {self.flush!r}")
         if self.light_queue_store not in LIGHT_QUEUE_STORES:
             raise ValueError(f"light_queue_store must be one of {LIGHT_QUEUE_STORES}, not {self.light_queue_store!r}")
+        if self.light_queue_idle_expiry_ms < 0:
+            raise ValueError(
+                f"light_queue_idle_expiry_ms must be 0 (never) or more, not {self.light_queue_idle_expiry_ms}"
+            )
         if self.dispatch_workers < 0:
             raise ValueError(
                 f"dispatch_workers must be 0 (the dispatch thread alone) or more, not {self.dispatch_workers}"
