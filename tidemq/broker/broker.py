@@ -78,6 +78,9 @@ class Broker:
         self.timers = TimerService(store, store.directory / "config", self.clock, self.publisher.put)
         self._timer_task: asyncio.Task | None = None
         self.lite = self.publisher.lite = lite.Lite(self)
+        # (group, topic) pairs whose progress changed since consumerOffset.json was last written
+        self._offsets_changed: dict[tuple[str, str], None] = dict.fromkeys(self.subscriptions)
+        self.journal.listener = self._progress_changed
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -96,9 +99,9 @@ class Broker:
     def _on_arrival(self, changes: dict) -> None:  # dispatch thread
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            topics = lite.with_bind_topics({topic for topic, _ in changes})
+            topics = {topic for topic, _ in changes}
             try:
-                loop.call_soon_threadsafe(self.long_polling.notify, topics)
+                loop.call_soon_threadsafe(self.lite.wake, topics)
             except RuntimeError:
                 pass  # the loop closed between the check and the call
 
@@ -119,8 +122,7 @@ class Broker:
                 self.save_consumer_offsets()
                 if self.journal.needs_compaction():
                     self.journal.compact(self.subscriptions.values())
-                self.lite.expire(self.clock())
-                self.lite.commit_offsets(self.clock())
+                self.lite.maintain(self.clock())
                 self.sessions.expire(self.clock())
             except Exception:
                 log.exception("broker maintenance failed")
@@ -174,11 +176,19 @@ class Broker:
             timer.cancel()
         await self._stop_timers()
         self.journal.close()
+        self.lite.close()
         self.save_consumer_offsets()
 
+    def _progress_changed(self, group: str, topic: str) -> None:  # the pop journal's listener
+        self._offsets_changed[(group, topic)] = None
+        self.lite.progress_changed(group, topic)
+
     def save_consumer_offsets(self) -> None:
-        """Write each group's consumed offsets to consumerOffset.json (if any changed)."""
-        self.consumer_offsets.update(consumed_offsets(self.subscriptions.values()))
+        """Write the consumed offsets that changed since the last save to consumerOffset.json
+        (those of key-value light queues go to the light-queue tables: `Lite.commit_offsets`)."""
+        changed, self._offsets_changed = self._offsets_changed, {}
+        subs = (self.subscriptions.get(key) for key in self.lite.file_offsets(changed))
+        self.consumer_offsets.update(consumed_offsets(sub for sub in subs if sub is not None))
 
     async def _stop_timers(self) -> None:
         """Stop releasing, make the releases durable and checkpoint them (a clean stop)."""
@@ -458,8 +468,7 @@ class Broker:
         return None
 
     def _waker(self, topic: str):
-        topics = lite.with_bind_topics({topic})
-        return lambda: self.long_polling.notify(topics)
+        return lambda: self.lite.wake((topic,))
 
     def _redeliver(self, sub, d, group, tag_filter, now, until, owner, out, journal_deliveries, dead, replaced) -> None:
         """Deliver the due delivery `d` again, drop it (gone, or filtered out), or mark it for the
@@ -611,7 +620,7 @@ class Broker:
 
     def _wake_topic(self, topic: str) -> None:
         self._wake_timers.pop(topic, None)
-        self.long_polling.notify(lite.with_bind_topics({topic}))
+        self.lite.wake((topic,))
 
     # -- ack, change invisible time, dead letters --------------------------------------------------
 

@@ -62,6 +62,10 @@ class BrokerConfig:
     lite_subscription_quota: int = 1200  # lite topics one lite consumer may subscribe (liteSubClientQuota)
     max_lite_topic_size: int = 64  # characters of a lite topic name (maxLiteTopicSize)
     lite_topic_quota: int = 10_000_000  # lite topics of one bind topic (maxLiteTopicCount)
+    # (client, lite topic) pairs the broker holds at most (maxLiteSubscriptionCount)
+    max_lite_subscription_count: int = 100_000
+    # PARTIAL_ADD SyncLiteSubscription requests a second, all clients together (maxSyncLiteSubscriptionRate)
+    max_sync_lite_subscription_rate: float = 5000.0
     advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
     # the one clock of deadlines, long polling and timers (clock.py)
     clock: Clock = field(default_factory=WallClock, repr=False)

@@ -8,10 +8,19 @@ pops only the light queues of that client's set.  The group's pop progress on a 
 a `Subscription` like any topic's, keyed (group, light queue name): the journal, retries, dead
 letters and consumed offsets work unchanged.
 
-Subscription sets belong to client ids and persist in `config/liteSubscription.json`, so that a
-restarted broker serves a returning client the set it had (the clients also re-send their whole
-set every 30 s).  A set is removed (COMPLETE_REMOVE) when its client terminates, or stays away
-for `client_expire_ms` (counted from the broker's start for a set read from the file).
+Subscription sets belong to client ids (`lite_subscriptions`, logged so that a restarted broker
+serves a returning client the set it had; the clients also re-send their whole set every 30 s).
+A set is removed (COMPLETE_REMOVE) when its client terminates, or stays away for
+`client_expire_ms` (counted from the broker's start for a set read from the log).
+
+An arrival in a lite topic's light queue wakes, per group, one waiting receive of a client that
+subscribes that lite topic (as RocketMQ's LiteEventDispatcher hands an event to one client of
+each group): the subscribers come from the table's index, so the work is in proportion to the
+lite topic's subscribers, not to the receives waiting on the bind topic.
+
+The groups' consumed offsets of key-value light queues go to the light-queue tables (beside the
+queue, so they expire with it), each written when it changed; those of other queues, file light
+queues included, go to `consumerOffset.json` (see `docs/light-queues.md`).
 
 Light queues whose names do not follow the lite pattern (`%LMQ%name`, RIP-28's) are served to
 ordinary consumers as a topic of one readable queue: pop, ack and retries as for any queue."""
@@ -21,14 +30,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import validation
 from .codes import BrokerError, Code
-from .config_files import read_json, write_json
 from .filters import Filter
+from .lite_subscriptions import ClientLite, LiteSubscriptions
 from .metadata import GroupConfig, TopicConfig
 from .types import LITE, NORMAL, Received, ReceiveRequest
 
@@ -43,7 +51,6 @@ LITE_PREFIX = LMQ_PREFIX + LITE_SEPARATOR
 PROPERTY_LITE_TOPIC = "__LITE_TOPIC"
 PROPERTY_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 PROPERTY_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
-SUBSCRIPTIONS_FILE = "liteSubscription.json"
 LITE_CONSUMER_TYPES = frozenset({"LITE_PUSH_CONSUMER", "LITE_SIMPLE_CONSUMER"})
 PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = (
     "PARTIAL_ADD",
@@ -55,6 +62,7 @@ PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = (
 # kept is still held to the quota
 _REQUEST_SLACK = 300
 _OPENED_LIMIT = 100_000  # light queues opened since the last count before the counts are redone
+_COMMIT_LIMIT = 10_000  # changed consumed offsets the store's tables hear of per maintenance round
 
 
 def lmq_name(bind_topic: str, lite_topic: str) -> str:
@@ -73,15 +81,6 @@ def parse_lite_queue(name: str) -> tuple[str, str] | None:
     if len(parts) != 2 or not parts[0] or not parts[1]:
         return None
     return parts[0], parts[1]
-
-
-def with_bind_topics(topics: set[str]) -> set[str]:
-    """`topics` and the bind topics of the lite queues among them: a lite receive waits on its
-    bind topic for news of any of its lite topics."""
-    binds = [lite[0] for lite in map(parse_lite_queue, topics) if lite is not None]
-    if binds:
-        topics.update(binds)
-    return topics
 
 
 def queue_of(topic: str, lite_topic: str | None) -> str:
@@ -138,58 +137,6 @@ class OffsetOption:
     timestamp: int | None = None
 
 
-@dataclass(slots=True)
-class ClientLite:
-    group: str
-    bind_topic: str
-    topics: set[str] = field(default_factory=set)
-    version: int = -1
-    seen: int = 0  # ms: the last sync, or when the broker read the set from its file
-
-
-class LiteSubscriptions:
-    """Per client id, the lite topics it subscribed; saved whole on every change (temp file and
-    rename), each client's set bounded by the quota."""
-
-    def __init__(self, path: Path, now: int) -> None:
-        self.path = path
-        self.clients: dict[str, ClientLite] = {}
-        document = read_json(path) or {}
-        for client_id, entry in (document.get("subscriptions") or {}).items():
-            try:
-                topics = {str(t) for t in entry["liteTopicSet"]}
-                self.clients[str(client_id)] = ClientLite(
-                    str(entry["group"]), str(entry["topic"]), topics, int(entry.get("version", -1)), now
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                log.error("%s: the lite subscriptions of client %r left out: unreadable (%s)", path, client_id, exc)
-
-    def save(self) -> None:
-        write_json(
-            self.path,
-            {
-                "subscriptions": {
-                    client_id: {
-                        "group": c.group,
-                        "topic": c.bind_topic,
-                        "liteTopicSet": sorted(c.topics),
-                        "version": c.version,
-                    }
-                    for client_id, c in self.clients.items()
-                }
-            },
-        )
-
-    def subscribers(self, group: str | None, bind_topic: str) -> dict[str, int]:
-        """Per lite topic of `bind_topic`, how many clients (of `group`, or of any) subscribe it."""
-        counts: dict[str, int] = {}
-        for c in self.clients.values():
-            if c.bind_topic == bind_topic and (group is None or c.group == group):
-                for topic in c.topics:
-                    counts[topic] = counts.get(topic, 0) + 1
-        return counts
-
-
 class Lite:
     """The broker's lite-topic side: subscriptions, receives on a bind topic, sends' dispatch
     properties.  Runs on the broker's event loop."""
@@ -197,13 +144,27 @@ class Lite:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.config = broker.config
-        self.table = LiteSubscriptions(broker.store.directory / "config" / SUBSCRIPTIONS_FILE, broker.clock())
+        now = broker.clock()
+        self.table = LiteSubscriptions(broker.store.directory / "config", now)
+        for client_id in self.table.clients:
+            self.table.watch(client_id, now + broker.sessions.expire_ms)
         self._rotation: dict[str, int] = {}  # per client id: the first lite topic of its next pop
         # the quota check at send: lite topics per bind topic, counted once, then kept up to date
         # with the light queues sends opened since (a new queue's first message may be in dispatch)
         self._counts: dict[str, int] = {}
         self._opened: set[str] = set()
-        self._committed: dict[tuple[str, str], int] = {}  # (group, light queue) -> offset the store was told
+        self.partial_adds = TokenBucket(self.config.max_sync_lite_subscription_rate, now)
+        # (group, light queue) pairs whose progress changed since the store's tables last heard
+        # of it; all pairs at start, as the tables may lag the journal after a crash
+        self._changed: dict[tuple[str, str], None] = dict.fromkeys(k for k in broker.subscriptions if is_lmq(k[1]))
+        self._rip28_groups = {g for g, t in broker.subscriptions if is_lmq(t) and parse_lite_queue(t) is None}
+
+    def progress_changed(self, group: str, topic: str) -> None:
+        """The pop journal's listener: the progress of `group` on `topic` changed."""
+        if topic.startswith(LMQ_PREFIX):
+            self._changed[(group, topic)] = None
+            if not topic.startswith(LITE_PREFIX):
+                self._rip28_groups.add(group)
 
     # -- groups -------------------------------------------------------------------------------
 
@@ -262,7 +223,10 @@ class Lite:
         version: int | None = None,
         offset: OffsetOption | None = None,
     ) -> None:
-        """SyncLiteSubscription: change the client's set; nothing changes on a refusal."""
+        """SyncLiteSubscription: change the client's set; nothing changes on a refusal.  The work
+        is bounded: at most quota + 300 names a request, PARTIAL_ADD requests at
+        `max_sync_lite_subscription_rate` a second (TOO_MANY_REQUESTS past it), and at most
+        `max_lite_subscription_count` (client, lite topic) pairs in the broker."""
         broker = self.broker
         validation.check_group_name(group_name, self.config)
         validation.check_topic_name(bind_topic, self.config)
@@ -272,17 +236,23 @@ class Lite:
                 Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
                 f"{len(names)} lite topics in one request, more than the quota {quota} + {_REQUEST_SLACK}",
             )
+        now = broker.clock()
+        if action == PARTIAL_ADD and not self.partial_adds.take(now):
+            raise BrokerError(
+                Code.TOO_MANY_REQUESTS,
+                f"too many lite subscription requests (more than {self.partial_adds.rate:g} a second), "
+                f"topic {bind_topic}, group {group_name}, client {client_id}",
+            )
         for name in names:
             validation.check_lite_topic(name, self.config.max_lite_topic_size)
         group = broker.group(group_name)
         self.bind(group, bind_topic)
-        now = broker.clock()
         client = self.table.clients.get(client_id)
         if client is not None and version is not None and 0 <= version < client.version:
             return  # an older sync overtaken by a newer one
         if client is None or client.group != group_name or client.bind_topic != bind_topic:
             client = ClientLite(group_name, bind_topic)
-        before = set(client.topics)
+        before = client.topics
         if action == PARTIAL_ADD:
             after = before | set(names)
         elif action == PARTIAL_REMOVE:
@@ -298,18 +268,23 @@ class Lite:
                 Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
                 f"client {client_id} would subscribe {len(after)} lite topics, more than the quota {quota}",
             )
-        for name in sorted(after - before):
+        old = self.table.clients.get(client_id)
+        held = self.table.active - (len(old.topics) if old is not None else 0)
+        if len(after) > len(before) and held + len(after) > self.config.max_lite_subscription_count:
+            raise BrokerError(
+                Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED,
+                f"the broker holds {self.table.active} lite subscriptions, "
+                f"its quota is {self.config.max_lite_subscription_count}",
+            )
+        added = after - before
+        for name in sorted(added):
             self._start(group_name, lmq_name(bind_topic, name), offset)
-        client.topics, client.seen = after, now
         if version is not None:
             client.version = version
-        if not after:
-            self.table.clients.pop(client_id, None)
-        else:
-            self.table.clients[client_id] = client
-        if after != before or version is not None:
-            self.table.save()
-        if after - before:
+        client.seen = now
+        self.table.update(client_id, client, after)
+        self.table.watch(client_id, now + broker.sessions.expire_ms)
+        if added:
             broker.long_polling.notify_client(client_id)  # its waiting receive pops the new ones
 
     def _start(self, group: str, queue: str, offset: OffsetOption | None) -> None:
@@ -343,52 +318,84 @@ class Lite:
 
     def client_gone(self, client_id: str) -> None:
         """COMPLETE_REMOVE: the client terminated or expired."""
-        if self.table.clients.pop(client_id, None) is not None:
+        if self.table.remove(client_id):
             self._rotation.pop(client_id, None)
-            self.table.save()
 
     def expire(self, now: int) -> None:
-        """Remove the sets of clients not alive for `client_expire_ms`."""
+        """Remove the sets of clients not alive for `client_expire_ms`.  Looks only at the
+        clients whose deadline passed (a sync moves it on); one found alive is looked at again
+        `client_expire_ms` after it was last seen."""
         sessions = self.broker.sessions
-        gone = [
-            cid
-            for cid, c in self.table.clients.items()
-            if not sessions.alive(cid, now) and now - max(c.seen, _last_seen(sessions, cid)) >= sessions.expire_ms
-        ]
-        for client_id in gone:
+        for client_id in list(self.table.due(now)):
+            last = max(self.table.clients[client_id].seen, _last_seen(sessions, client_id))
+            if sessions.alive(client_id, now) or now - last < sessions.expire_ms:
+                self.table.watch(client_id, max(now, last) + sessions.expire_ms)
+                continue
             log.info("lite subscriptions of client %s removed: it is gone", client_id)
             self.client_gone(client_id)
 
-    def commit_offsets(self, now: int) -> None:
-        """Tell the store each group's consumed offset of its light queues that moved: the store's
-        expiry takes a queue only when every group that consumed it is at its end (and the queue
-        was idle since the last commit)."""
+    def maintain(self, now: int) -> None:
+        """The broker's maintenance round: expire gone clients, tell the store of changed
+        progress, make the subscription log durable."""
+        self.expire(now)
+        self.commit_offsets(now)
+        self.table.sync()
+
+    def commit_offsets(self, now: int, limit: int = _COMMIT_LIMIT) -> None:
+        """Tell the store up to `limit` changed consumed offsets of key-value light queues (the
+        rest at the next round): its expiry takes a queue only when every group that consumed
+        it is at its end (and the queue was idle since the last commit).  A pair whose offset the
+        tables already hold is not written again (a write counts as activity)."""
         light = self.broker.store.light_queues
         if light is None:
+            self._changed.clear()
             return
-        committed = self._committed
-        for key, sub in self.broker.subscriptions.items():
-            q = sub.queues.get(0) if is_lmq(key[1]) else None
-            if q is not None and committed.get(key) != q.consumed_offset:
+        changed, subscriptions = self._changed, self.broker.subscriptions
+        for _ in range(min(limit, len(changed))):
+            key = next(iter(changed))
+            del changed[key]
+            sub = subscriptions.get(key)
+            q = sub.queues.get(0) if sub is not None else None
+            if q is not None and light.consumer_offset(key[0], key[1]) != q.consumed_offset:
                 light.commit_consumer_offset(key[0], key[1], q.consumed_offset, now)
-                committed[key] = q.consumed_offset
+
+    def file_offsets(self, keys) -> list[tuple[str, str]]:
+        """Of the (group, topic) pairs `keys`, those whose offsets `consumerOffset.json` keeps:
+        every pair but those of key-value light queues (the tables keep them)."""
+        light = self.broker.store.light_queues
+        if light is None or light.kv is None:
+            return list(keys)
+        return [k for k in keys if not is_lmq(k[1]) or light.in_files(k[1])]
 
     def forget(self, names: list[str]) -> None:
-        """Light queues the store's expiry removed: the groups' progress on them goes (a queue of that name
-        starts again at offset 0), and so does every client's subscription of their lite topics,
-        each client being told."""
+        """Light queues the store's expiry removed: the groups' progress on them goes (a queue of
+        that name starts again at offset 0), and so does every client's subscription of their
+        lite topics, each client being told.  The work is in proportion to the queues removed
+        and the groups that may have read them."""
         if not names:
             return
-        broker, gone = self.broker, set(names)
-        keys = [key for key in broker.subscriptions if key[1] in gone]
+        broker = self.broker
+        lite_groups: dict[str, list[str]] = {}
+        for g in broker.metadata.groups.values():
+            if g.lite_bind_topic:
+                lite_groups.setdefault(g.lite_bind_topic, []).append(g.name)
+        keys = []
+        for name in names:
+            lite = parse_lite_queue(name)
+            groups = lite_groups.get(lite[0], ()) if lite is not None else self._rip28_groups
+            keys += [(g, name) for g in groups if (g, name) in broker.subscriptions]
         for key in keys:
+            try:
+                broker.journal.append(["x", key[0], key[1]])
+            except OSError as exc:  # kept: replayed progress of a queue restarting at 0 is redelivered, not lost
+                log.warning("progress of %s on %s not forgotten: %s", key[0], key[1], exc)
+                continue
             del broker.subscriptions[key]
-            self._committed.pop(key, None)
+            self._changed.pop(key, None)
         if keys:
             broker.consumer_offsets.forget(keys)
-            broker.journal.compact(broker.subscriptions.values())
         self._counts.clear()
-        for name in sorted(gone):
+        for name in names:
             lite = parse_lite_queue(name)
             if lite is not None:
                 self.drop(*lite)
@@ -397,24 +404,47 @@ class Lite:
         """The server drops every client's subscription of a lite topic (its queue is gone): each
         client is told over its telemetry stream (NotifyUnsubscribeLiteCommand).  Returns the
         client ids told."""
-        told = []
-        for client_id, c in list(self.table.clients.items()):
-            if c.bind_topic == bind_topic and lite_topic in c.topics:
-                c.topics.discard(lite_topic)
-                if not c.topics:
-                    del self.table.clients[client_id]
-                told.append(client_id)
-                outbox = self.broker.transactions.outboxes.get(client_id)
-                if outbox is not None:
-                    try:
-                        outbox.put_nowait(UnsubscribeLite(lite_topic))
-                    except asyncio.QueueFull:
-                        log.warning(
-                            "client %s not told of its dropped lite topic %s: its outbox is full", client_id, lite_topic
-                        )
-        if told:
-            self.table.save()
+        told = sorted(self.table.by_queue.get(lmq_name(bind_topic, lite_topic), ()))
+        for client_id in told:
+            self.table.discard(client_id, lite_topic)
+            outbox = self.broker.transactions.outboxes.get(client_id)
+            if outbox is not None:
+                try:
+                    outbox.put_nowait(UnsubscribeLite(lite_topic))
+                except asyncio.QueueFull:
+                    log.warning(
+                        "client %s not told of its dropped lite topic %s: its outbox is full", client_id, lite_topic
+                    )
         return told
+
+    def close(self) -> None:
+        self.table.close()
+
+    # -- waking receivers ---------------------------------------------------------------------
+
+    def wake(self, topics) -> None:
+        """News of `topics` (arrivals, due redeliveries): a lite topic's light queue wakes, per
+        group, one waiting receive of its subscribers; any other topic its waiting receives."""
+        plain = []
+        for topic in topics:
+            if topic.startswith(LITE_PREFIX):
+                self._wake_subscribers(topic)
+            else:
+                plain.append(topic)
+        if plain:
+            self.broker.long_polling.notify(plain)
+
+    def _wake_subscribers(self, queue: str) -> None:
+        subscribers = self.table.by_queue.get(queue)
+        if not subscribers:
+            return
+        long_polling, clients = self.broker.long_polling, self.table.clients
+        woken: set[str] = set()
+        for client_id in subscribers:
+            group = clients[client_id].group
+            if group not in woken and long_polling.is_waiting(client_id):
+                long_polling.notify_client(client_id)
+                woken.add(group)
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -520,6 +550,24 @@ class UnsubscribeLite:
     """A telemetry command: the server dropped the client's subscription of `lite_topic`."""
 
     lite_topic: str
+
+
+class TokenBucket:
+    """`rate` tokens a second, at most a second's worth held (Guava's RateLimiter as RocketMQ's
+    proxy uses it), on the broker's clock."""
+
+    def __init__(self, rate: float, now: int) -> None:
+        self.rate = rate
+        self._tokens = max(rate, 1.0)
+        self._at = now
+
+    def take(self, now: int) -> bool:
+        self._tokens = min(max(self.rate, 1.0), self._tokens + (now - self._at) * self.rate / 1000)
+        self._at = max(self._at, now)
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
 
 def _last_seen(sessions, client_id: str) -> int:

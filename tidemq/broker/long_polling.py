@@ -41,6 +41,9 @@ class LongPolling:
             for future in self._by_topic.get(topic, ()):
                 _wake(future)
 
+    def is_waiting(self, client_id: str) -> bool:
+        return client_id in self._by_client
+
     def notify_client(self, client_id: str) -> None:
         for future in self._by_client.get(client_id, ()):
             _wake(future)

@@ -8,6 +8,7 @@
     ["f", group, topic, qid, offset]               the entry is done (acked, dead-lettered, gone)
     ["F", group, topic, [[qid, offset], ...]]      several entries done (a batch ack)
     ["i", group, topic, qid, offset, invisible_until, generation, renew_owner]   new deadline
+    ["x", group, topic]                            the subscription is forgotten (its light queue expired)
 
 Each line is written with one `write` call before the client hears of the transition, so a killed
 process loses nothing the kernel accepted.  A write the disk refuses in part or whole (full,
@@ -23,7 +24,7 @@ import errno
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .pop_state import Delivery, Subscription
@@ -48,6 +49,8 @@ class PopJournal:
         self._dirty = False
         self._torn = False  # bytes past _size that a refused write left (cut before the next line)
         self.write = os.write  # the writer (tests inject a disk that is full)
+        # called with (group, topic) after each line written: that subscription's progress changed
+        self.listener: Callable[[str, str], None] | None = None
 
     # -- replay ---------------------------------------------------------------------------------
 
@@ -120,6 +123,8 @@ class PopJournal:
             )
         self._size += len(line)
         self._dirty = True
+        if self.listener is not None:
+            self.listener(entry[1], entry[2])
 
     def sync(self) -> None:
         if self._fd >= 0 and self._dirty:
@@ -218,6 +223,9 @@ def _subscription(subs: dict[tuple[str, str], Subscription], group: str, topic: 
 
 def _apply(subs: dict[tuple[str, str], Subscription], entry: list) -> int:
     kind, group, topic = entry[0], entry[1], entry[2]
+    if kind == "x":  # the subscription is forgotten (its light queue expired)
+        subs.pop((group, topic), None)
+        return 0
     sub = _subscription(subs, group, topic)
     if kind == "p":
         generation = 0
