@@ -424,12 +424,14 @@ class Lite:
 
     def wake(self, topics) -> None:
         """News of `topics` (arrivals, due redeliveries): a lite topic's light queue wakes, per
-        group, one waiting receive of its subscribers; any other topic its waiting receives."""
+        group, one waiting receive of its subscribers; a LITE bind topic's own queues wake
+        nobody (its consumers read its light queues); any other topic its waiting receives."""
         plain = []
+        known = self.broker.metadata.topics
         for topic in topics:
             if topic.startswith(LITE_PREFIX):
                 self._wake_subscribers(topic)
-            else:
+            elif (config := known.get(topic)) is None or config.message_type != LITE:
                 plain.append(topic)
         if plain:
             self.broker.long_polling.notify(plain)
