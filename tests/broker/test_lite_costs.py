@@ -206,7 +206,7 @@ def test_partial_adds_are_bounded_in_size_rate_and_total(tmp_path):
         assert refused("hostile", PARTIAL_ADD, ["x"] * 306) == Code.LITE_SUBSCRIPTION_QUOTA_EXCEEDED
         for i in range(5):
             sync(h, "hostile", PARTIAL_ADD, [f"h{i}"])
-        for i in range(5):  # the rest of the second's budget, each adding nothing new
+        for _ in range(5):  # the rest of the second's budget, each adding nothing new
             sync(h, "hostile", PARTIAL_ADD, ["h0"])
         assert refused("hostile", PARTIAL_ADD, ["h9"]) == Code.TOO_MANY_REQUESTS == 42900
         assert refused("polite", PARTIAL_ADD, ["p"]) == Code.TOO_MANY_REQUESTS  # the rate is the broker's

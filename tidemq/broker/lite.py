@@ -352,8 +352,7 @@ class Lite:
             return
         changed, subscriptions = self._changed, self.broker.subscriptions
         for _ in range(min(limit, len(changed))):
-            key = next(iter(changed))
-            del changed[key]
+            key, _ = changed.popitem()
             sub = subscriptions.get(key)
             q = sub.queues.get(0) if sub is not None else None
             if q is not None and light.consumer_offset(key[0], key[1]) != q.consumed_offset:

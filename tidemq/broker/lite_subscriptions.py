@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .append_file import AppendFile
 from .config_files import read_json
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class ClientLite:
     seen: int = 0  # ms: the last sync, or when the broker read the set from its log
 
 
-class LiteSubscriptions:
+class LiteSubscriptions(AppendFile):
     """Per client id its lite topics; `by_queue` maps each subscribed light queue name to its
     subscribers' client ids (kept with the sets, so an arrival finds its subscribers without a
     walk); `active` counts (client, lite topic) pairs."""
@@ -230,17 +231,6 @@ class LiteSubscriptions:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._size = os.fstat(self._fd).st_size
         self._lines, self._dirty = len(self.clients), False
-
-    def sync(self) -> None:
-        if self._fd >= 0 and self._dirty:
-            self._dirty = False
-            os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            self.sync()
-            os.close(self._fd)
-            self._fd = -1
 
     # -- queries ------------------------------------------------------------------------------
 

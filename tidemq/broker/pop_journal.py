@@ -27,6 +27,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from .append_file import AppendFile
 from .pop_state import Delivery, Subscription
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class JournalWriteError(OSError):
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-class PopJournal:
+class PopJournal(AppendFile):
     def __init__(self, directory: Path, compact_bytes: int = 64 * 1024 * 1024) -> None:
         self.directory = directory
         self.path = directory / "journal"
@@ -125,17 +126,6 @@ class PopJournal:
         self._dirty = True
         if self.listener is not None:
             self.listener(entry[1], entry[2])
-
-    def sync(self) -> None:
-        if self._fd >= 0 and self._dirty:
-            self._dirty = False
-            os.fsync(self._fd)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            self.sync()
-            os.close(self._fd)
-            self._fd = -1
 
 
 def replay_lines(path: Path) -> tuple[dict[tuple[str, str], Subscription], int, list[tuple[int, bytes, str, bool]]]:
