@@ -41,6 +41,8 @@ class ServeOptions:
     priority_retry_first_percent: int = 0
     lite_subscription_quota: int = 1200
     lite_topic_quota: int = 10_000_000
+    max_lite_subscription_count: int = 100_000
+    max_sync_lite_subscription_rate: float = 5000.0
     # TLS (tidemq/protocol/tls.py, tidemq/certificate.py)
     tls: str = "permissive"
     tls_cert: str = ""
@@ -162,6 +164,18 @@ OPTIONS = [
         "lite topics one bind topic may hold (default 10000000)",
     ),
     (
+        "--max-lite-subscription-count",
+        "maxLiteSubscriptionCount",
+        "max_lite_subscription_count",
+        "(client, lite topic) subscriptions the broker holds (default 100000)",
+    ),
+    (
+        "--max-sync-lite-subscription-rate",
+        "maxSyncLiteSubscriptionRate",
+        "max_sync_lite_subscription_rate",
+        "PARTIAL_ADD lite subscription requests a second, all clients together (default 5000)",
+    ),
+    (
         "--timer-max-delay-sec",
         "timerMaxDelaySec",
         "timer_max_delay_sec",
@@ -274,6 +288,11 @@ def resolve_options(args: argparse.Namespace) -> ServeOptions:
             f"priority retry-first percentage must be within 0-100, not {options.priority_retry_first_percent}"
         )
     check_light_queue_options(options)
+    if options.max_sync_lite_subscription_rate <= 0 or options.max_lite_subscription_count < 0:
+        raise ValueError(
+            f"lite subscription limits must be a positive rate and a count of 0 or more, not "
+            f"{options.max_sync_lite_subscription_rate} and {options.max_lite_subscription_count}"
+        )
     if not 1 <= options.disk_space_warning_level_ratio <= 100:
         raise ValueError(
             f"disk space warning level ratio must be within 1-100 (percent), not "

@@ -63,6 +63,8 @@ class Server:
             priority_retry_first_percent=options.priority_retry_first_percent,
             lite_subscription_quota=options.lite_subscription_quota,
             lite_topic_quota=options.lite_topic_quota,
+            max_lite_subscription_count=options.max_lite_subscription_count,
+            max_sync_lite_subscription_rate=options.max_sync_lite_subscription_rate,
             timer_max_delay_sec=options.timer_max_delay_sec,
         )
         self.store: MessageStore | None = None
