@@ -6,6 +6,7 @@ consumerOffset.json), and partial adds are bounded in size, rate and total."""
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -13,6 +14,7 @@ from tidemq.broker import BrokerError, Code, Publish, ReceiveRequest, lite, lite
 from tidemq.broker.lite import COMPLETE_ADD, PARTIAL_ADD, PARTIAL_REMOVE
 
 from .conftest import Harness
+from .test_journal_faults import FullDisk
 from .test_lite import ExpiringHarness, bodies, lite_setup, send, sync
 
 
@@ -220,6 +222,36 @@ def test_partial_adds_are_bounded_in_size_rate_and_total(tmp_path):
         sync(h, "other", PARTIAL_ADD, ["o"])
         assert h.broker.lite.table.active == 5
         assert h.broker.lite.topics_of("hostile") == ["h0"]
+    finally:
+        h.close()
+        h.loop.close()
+
+
+@pytest.mark.parametrize("journal", ["writable", "full"])
+def test_an_expired_queues_progress_stays_forgotten_across_a_restart(tmp_path, journal):
+    h = ExpiringHarness(tmp_path / "store")
+    try:
+        lite_setup(h)
+        sync(h, "c1", PARTIAL_ADD, ["gone"])
+        for i in range(3):
+            send(h, "gone", b"g%d" % i)
+        for r in h.receive("G", "B", client_id="c1"):
+            h.broker.ack("G", lite.queue_of("B", "gone"), r.receipt_handle)
+        advance(h, 6_000)
+        if journal == "full":  # the journal refuses the forgetting: the next round rewrites it
+            h.broker.journal.write = FullDisk(room=0)
+        h.clock.advance(61_000)
+        h.store.run_maintenance()
+        h.run(settle())
+        assert ("G", lite.queue_of("B", "gone")) not in h.broker.subscriptions
+        h.broker.journal.write = os.write
+        advance(h, 6_000)
+        h.close()
+        h.open()  # the queue of that name starts again at 0: none of its messages is skipped
+        sync(h, "c1", PARTIAL_ADD, ["gone"])
+        send(h, "gone", b"new0")
+        send(h, "gone", b"new1")
+        assert bodies(h.receive("G", "B", client_id="c1")) == [b"new0", b"new1"]
     finally:
         h.close()
         h.loop.close()

@@ -157,6 +157,7 @@ class Lite:
         # (group, light queue) pairs whose progress changed since the store's tables last heard
         # of it; all pairs at start, as the tables may lag the journal after a crash
         self._changed: dict[tuple[str, str], None] = dict.fromkeys(k for k in broker.subscriptions if is_lmq(k[1]))
+        self._compact = False  # the journal refused to forget some progress: rewrite it
         self._rip28_groups = {g for g, t in broker.subscriptions if is_lmq(t) and parse_lite_queue(t) is None}
 
     def progress_changed(self, group: str, topic: str) -> None:
@@ -326,7 +327,7 @@ class Lite:
         clients whose deadline passed (a sync moves it on); one found alive is looked at again
         `client_expire_ms` after it was last seen."""
         sessions = self.broker.sessions
-        for client_id in list(self.table.due(now)):
+        for client_id in self.table.due(now):
             last = max(self.table.clients[client_id].seen, _last_seen(sessions, client_id))
             if sessions.alive(client_id, now) or now - last < sessions.expire_ms:
                 self.table.watch(client_id, max(now, last) + sessions.expire_ms)
@@ -340,6 +341,9 @@ class Lite:
         self.expire(now)
         self.commit_offsets(now)
         self.table.sync()
+        if self._compact:  # a forgetting the journal refused: the snapshot leaves the progress out
+            self.broker.journal.compact(self.broker.subscriptions.values())
+            self._compact = False
 
     def commit_offsets(self, now: int, limit: int = _COMMIT_LIMIT) -> None:
         """Tell the store up to `limit` changed consumed offsets of key-value light queues (the
@@ -384,13 +388,14 @@ class Lite:
             groups = lite_groups.get(lite[0], ()) if lite is not None else self._rip28_groups
             keys += [(g, name) for g in groups if (g, name) in broker.subscriptions]
         for key in keys:
-            try:
-                broker.journal.append(["x", key[0], key[1]])
-            except OSError as exc:  # kept: replayed progress of a queue restarting at 0 is redelivered, not lost
-                log.warning("progress of %s on %s not forgotten: %s", key[0], key[1], exc)
-                continue
             del broker.subscriptions[key]
             self._changed.pop(key, None)
+            if not self._compact:
+                try:
+                    broker.journal.append(["x", key[0], key[1]])
+                except OSError as exc:  # replayed, the old progress would skip the new queue's first messages
+                    log.warning("pop journal: progress on expired light queues to be dropped by a rewrite: %s", exc)
+                    self._compact = True
         if keys:
             broker.consumer_offsets.forget(keys)
         self._counts.clear()

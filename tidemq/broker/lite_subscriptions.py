@@ -21,7 +21,6 @@ import heapq
 import json
 import logging
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +55,7 @@ class LiteSubscriptions(AppendFile):
         self.by_queue: dict[str, set[str]] = {}
         self.active = 0
         self._due: list[tuple[int, str]] = []  # (deadline to look at the client again, client id)
+        self._watched: set[str] = set()  # the client ids in _due
         self._fd = -1
         self._size = 0
         self._lines = 0
@@ -177,16 +177,21 @@ class LiteSubscriptions(AppendFile):
     # -- expiry -------------------------------------------------------------------------------
 
     def watch(self, client_id: str, due: int) -> None:
-        """Look at the client again at `due` (a client may be watched more than once: the
-        earliest look that finds it expired removes it, the others find it gone or alive)."""
-        heapq.heappush(self._due, (due, client_id))
+        """Look at the client at `due`, unless a look is pending already (then that look, finding
+        the client seen since, sets the next): one entry per client at most."""
+        if client_id not in self._watched:
+            self._watched.add(client_id)
+            heapq.heappush(self._due, (due, client_id))
 
-    def due(self, now: int) -> Iterable[str]:
-        """The clients whose look is due at `now`, each once (in deadline order)."""
+    def due(self, now: int) -> list[str]:
+        """The clients whose look is due at `now` (in deadline order); their looks are done."""
+        out = []
         while self._due and self._due[0][0] <= now:
             _, client_id = heapq.heappop(self._due)
+            self._watched.discard(client_id)
             if client_id in self.clients:
-                yield client_id
+                out.append(client_id)
+        return out
 
     # -- the log ------------------------------------------------------------------------------
 
