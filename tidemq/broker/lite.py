@@ -62,7 +62,7 @@ PARTIAL_ADD, PARTIAL_REMOVE, COMPLETE_ADD, COMPLETE_REMOVE = (
 # kept is still held to the quota
 _REQUEST_SLACK = 300
 _OPENED_LIMIT = 100_000  # light queues opened since the last count before the counts are redone
-_COMMIT_LIMIT = 10_000  # changed consumed offsets the store's tables hear of per maintenance round
+_COMMIT_LIMIT = 2_000  # changed consumed offsets the tables hear of per maintenance round (one transaction)
 
 
 def lmq_name(bind_topic: str, lite_topic: str) -> str:
@@ -355,12 +355,15 @@ class Lite:
             self._changed.clear()
             return
         changed, subscriptions = self._changed, self.broker.subscriptions
+        offsets = []
         for _ in range(min(limit, len(changed))):
             key, _ = changed.popitem()
             sub = subscriptions.get(key)
             q = sub.queues.get(0) if sub is not None else None
-            if q is not None and light.consumer_offset(key[0], key[1]) != q.consumed_offset:
-                light.commit_consumer_offset(key[0], key[1], q.consumed_offset, now)
+            if q is not None:
+                offsets.append((key[0], key[1], q.consumed_offset))
+        if offsets:
+            light.commit_consumer_offsets(offsets, now)
 
     def file_offsets(self, keys) -> list[tuple[str, str]]:
         """Of the (group, topic) pairs `keys`, those whose offsets `consumerOffset.json` keeps:

@@ -352,6 +352,25 @@ class KvLightQueues:
             self._put_state(txn, state)
             return True
 
+    def commit_consumer_offsets(self, offsets: list[tuple[str, str, int]], now: int) -> int:
+        """`commit_consumer_offset` of each (group, name, offset) whose offset the table does not
+        hold already, in one transaction; returns how many were written."""
+        written = 0
+        with self.env.begin(write=True) as txn:
+            for group, name, offset in offsets:
+                state = self._state(txn, name)
+                if state is None:
+                    continue
+                key = NUMBER.pack(state.number) + group.encode("utf-8")
+                row = txn.get(key, db=self.groups)
+                if row is not None and GROUP_ROW.unpack(row)[0] == offset:
+                    continue
+                txn.put(key, GROUP_ROW.pack(offset, now), db=self.groups)
+                state.last_active = max(state.last_active, now)
+                self._put_state(txn, state)
+                written += 1
+        return written
+
     def group_offsets(self, txn, number: int) -> list[tuple[str, int]]:
         prefix = NUMBER.pack(number)
         cursor = txn.cursor(db=self.groups)

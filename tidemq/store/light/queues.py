@@ -428,6 +428,13 @@ class LightQueues:
             return False
         return self.kv.commit_consumer_offset(group, name, offset, now)
 
+    def commit_consumer_offsets(self, offsets: list[tuple[str, str, int]], now: int) -> int:
+        """`commit_consumer_offset` of many (group, name, offset) in one transaction, each only if
+        it differs from the table's (a write counts as activity); file queues are left out."""
+        if self.kv is None:
+            return 0
+        return self.kv.commit_consumer_offsets([o for o in offsets if not self.in_files(o[1])], now)
+
     def consumer_offset(self, group: str, name: str) -> int | None:
         return self.kv.consumer_offset(group, name) if self.kv is not None else None
 
