@@ -5,6 +5,8 @@
  * - `java_hash`: Java's String.hashCode of one str (tags codes, key hashes one at a time);
  * - `write_runs`: `BatchBuilder._write_groups`'s copying of queues' runs of units into their files,
  *   with a `RunCache` of the files' mappings;
+ * - `back_pages`: disk blocks allocated behind pages of a shared file mapping before they are
+ *   written (`blocks.back_with_blocks`), as `write_runs` has them for every copy;
  * - `crc_prefix`: recovery's check of records' body CRCs (`recover._crc_prefix`);
  * - `RowIndex`: the dispatch thread's frontier-table rows by queue, and the commit of a batch's
  *   runs of slots that start at their queues' frontiers (`dispatch.commit.QueueCommitter`).
@@ -46,9 +48,16 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 #define MIN_RECORD_SIZE 91
 #define HEADER_SIZE_V4 88
@@ -620,6 +629,64 @@ done:
     return result;
 }
 
+/* Disk blocks behind the pages of a shared file mapping, allocated before they are written: a
+   page of a sparse file written through a mapping on a full disk ends the process with SIGBUS.
+   `populate(data, from, to)` has the pages holding data[from, to) faulted in writable
+   (MADV_POPULATE_WRITE), which allocates their blocks (or, on tmpfs, their memory): 0, or -1 with
+   errno ENOSPC where the disk has none (the fault that would have been the SIGBUS) or another
+   error.  Where the kernel lacks MADV_POPULATE_WRITE (EINVAL) nothing is done from then on. */
+static int populate_works = 1;
+
+static int populate(unsigned char *data, Py_ssize_t from, Py_ssize_t to) {
+    if (!populate_works || to <= from) return 0;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t first = (uintptr_t)(data + from) & ~(page - 1);
+    if (madvise((void *)first, (uintptr_t)(data + to) - first, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno == EINVAL) {
+        populate_works = 0;
+        return 0;
+    }
+    if (errno == EFAULT) errno = ENOSPC;
+    return -1;
+}
+
+/* OSError for a failed `populate` of a page of `what`. */
+static void populate_error(const char *what) {
+    int error = errno;
+    char message[160];
+    if (error == ENOSPC)
+        snprintf(message, sizeof message, "no disk block for a page of %s: the store's disk is full", what);
+    else
+        snprintf(message, sizeof message, "%s (allocating a page of %s)", strerror(error), what);
+    PyObject *args = Py_BuildValue("(is)", error, message);
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args);
+        Py_DECREF(args);
+    }
+}
+
+/* back_pages(mapping, start, length): `populate` for mapping[start : start + length] (a writable
+   buffer of a shared file mapping).  Raises OSError (ENOSPC on a full disk) having written
+   nothing. */
+static PyObject *back_pages(PyObject *self, PyObject *args) {
+    Py_buffer mm;
+    Py_ssize_t start, length;
+    if (!PyArg_ParseTuple(args, "w*nn", &mm, &start, &length)) return NULL;
+    if (start < 0 || length < 0 || start > mm.len) {
+        PyErr_Format(PyExc_ValueError, "bytes %zd..+%zd do not lie in a %zd-byte mapping", start, length, mm.len);
+        PyBuffer_Release(&mm);
+        return NULL;
+    }
+    Py_ssize_t end = length > mm.len - start ? mm.len : start + length;
+    int failed = populate(mm.buf, start, end);
+    PyBuffer_Release(&mm);
+    if (failed) {
+        populate_error("a mapped store file");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* A RunCache: the queue-file mappings write_runs has copied into, by (topic, queue id, first slot
    of the file), each with its buffer exported and its address at hand, so that a run into a file
    seen before costs a probe of one open-addressing table instead of making a key tuple (and an
@@ -633,6 +700,7 @@ typedef struct {
     int32_t topic, queue_id;
     unsigned char *data;
     Py_ssize_t len;
+    Py_ssize_t backed_from, backed_to; /* bytes whose pages `populate` backed through this mapping */
 } CacheSlot;
 
 typedef struct {
@@ -703,6 +771,7 @@ static CacheSlot *cache_add(RunCache *c, int32_t topic, int32_t queue_id, int64_
     slot->queue_id = queue_id;
     slot->data = view->buf;
     slot->len = view->len;
+    slot->backed_from = slot->backed_to = 0;
     return slot;
 }
 
@@ -762,6 +831,28 @@ static PyTypeObject RunCacheType = {
     .tp_methods = run_cache_methods,
     .tp_new = run_cache_new,
 };
+
+/* `populate` for bytes [from, to) of the mapping `data` of `len` bytes, remembering in `slot` (a
+   cached mapping's, or NULL) how far its pages are backed, so that a copy into pages backed before
+   costs no system call: 0, or -1 as `populate`. */
+static int back_copy(CacheSlot *slot, unsigned char *data, Py_ssize_t len, Py_ssize_t from, Py_ssize_t to) {
+    if (slot != NULL && from >= slot->backed_from && to <= slot->backed_to) return 0;
+    if (populate(data, from, to) < 0) return -1;
+    if (slot != NULL) {
+        Py_ssize_t page = (Py_ssize_t)sysconf(_SC_PAGESIZE);
+        Py_ssize_t first = from - (Py_ssize_t)((uintptr_t)(data + from) & (uintptr_t)(page - 1));
+        Py_ssize_t last = to + (page - (Py_ssize_t)((uintptr_t)(data + to) & (uintptr_t)(page - 1))) % page;
+        if (last > len) last = len;
+        if (slot->backed_to > slot->backed_from && first <= slot->backed_to && last >= slot->backed_from) {
+            if (first < slot->backed_from) slot->backed_from = first;
+            if (last > slot->backed_to) slot->backed_to = last;
+        } else {
+            slot->backed_from = first;
+            slot->backed_to = last;
+        }
+    }
+    return 0;
+}
 
 /* The cache's numbers for `names` into `numbers` (PyMem, allocated if NULL): 0, or -1 with an
    exception set. */
@@ -876,7 +967,9 @@ done:
    it is at once when open_file is None (the files in `files` only, no call per file).  Returns
    the skipped rows' numbers.  With a RunCache, a mapping found in `files` (or put there by
    open_file) is cached, and later runs into it look it up there; otherwise each mapping is held,
-   and its buffer exported, only for its copy. */
+   and its buffer exported, only for its copy.  The pages a copy writes get their disk blocks
+   first (`back_copy`): on a full disk it raises OSError (ENOSPC), the runs before that one
+   written, none after (writing the same units again later is harmless: each has its slot). */
 static PyObject *write_runs(PyObject *self, PyObject *args) {
     PyObject *files, *names, *upf_of, *open_file, *cache_obj = Py_None;
     Py_ssize_t default_upf;
@@ -951,6 +1044,7 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
                 target = cached->data;
                 target_len = cached->len;
             } else {
+                cached = NULL;
                 /* open_file may close the cached mappings the pending copies go into */
                 copy_all(copies, &pending);
                 if (queue_id == NULL && (queue_id = PyLong_FromLongLong(g[1])) == NULL) goto done;
@@ -963,10 +1057,20 @@ static PyObject *write_runs(PyObject *self, PyObject *args) {
                     if (failed) goto done;
                     break;
                 }
+                if (view.obj == NULL) {  /* cached by uncached_target */
+                    cached = cache_find(r.cache, r.numbers[tid], (int32_t)g[1], file_start);
+                    if (cached->file_start < 0) cached = NULL;
+                }
             }
             if (pos + count * 20 > target_len) {
                 PyErr_Format(PyExc_ValueError, "slots %lld..%lld lie past the end of a %zd-byte queue file", (long long)slot,
                              (long long)(slot + count - 1), target_len);
+                if (view.obj != NULL) PyBuffer_Release(&view);
+                goto done;
+            }
+            /* the pages the units go to have disk blocks first, or nothing more is written */
+            if (back_copy(cached, target, target_len, pos, pos + count * 20) < 0) {
+                populate_error("a consume-queue file");
                 if (view.obj != NULL) PyBuffer_Release(&view);
                 goto done;
             }
@@ -1243,6 +1347,7 @@ static PyMethodDef methods[] = {
     {"index_append", index_append, METH_VARARGS, "Write IndexFile entries and their slot chains (see the module source)."},
     {"scan_into", scan_into, METH_VARARGS, "Walk commit-log records into column arrays (see the module source)."},
     {"write_runs", write_runs, METH_VARARGS, "Copy ConsumeQueue units into their queue files (see the module source)."},
+    {"back_pages", back_pages, METH_VARARGS, "Allocate the disk blocks behind pages of a mapping (see the module source)."},
     {"crc_prefix", crc_prefix, METH_VARARGS, "How many records' bodies match their BODYCRC (see the module source)."},
     {NULL, NULL, 0, NULL},
 };

@@ -39,6 +39,7 @@ creates index files.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import pickle
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..blocks import back_with_blocks
 from ..format import record
 from ..format.scan import scan
 from ..index.index_file import IndexFile
@@ -102,6 +104,26 @@ SMALL_BATCH = 16  # up to this many records, units are written one at a time
 # coordinator, and copies) cost more than each worker mapping their few files
 DIRECT_QUEUES = 16
 MAX_HELD_BATCHES = 256  # index entries of batches never asked for (dropped batches) are let go
+
+
+# a batch whose units the disk had no room for answers with an error that starts so: dispatch
+# waits there for space (`ParallelDispatcher`), and builds the batch again
+NO_SPACE = "no disk space"
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def failure(exc: Exception) -> str:
+    """What a builder's answer says of a failure: `NO_SPACE` first for a full disk."""
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+        return f"{NO_SPACE}: {exc.strerror or exc}"
+    return f"worker failed: {exc!r}"
+
+
+def failed_result(task: BatchTask, error: str) -> BatchResult:
+    """The answer for a batch that could not be built: nothing of it taken (it ends where it
+    begins), `error` saying why."""
+    empty32, empty64 = np.zeros(0, np.int32), np.zeros(0, np.int64)
+    return BatchResult(task.batch_id, task.begin, task.begin, error, 0, 0, QueueRuns.empty(), empty32, empty64, empty64)
 
 
 def owner_of(topic: str, queue_id: int, owners: int) -> int:
@@ -229,7 +251,12 @@ class BatchBuilder:
         self._exit_if_orphaned()
         if self.between_steps is not None:
             self.between_steps()
-        queues, handovers = self._write_units(columns, task.batch_id) if len(columns) else (QueueRuns.empty(), [])
+        try:
+            queues, handovers = self._write_units(columns, task.batch_id) if len(columns) else (QueueRuns.empty(), [])
+        except OSError as exc:  # a full disk: nothing of the batch is taken (its units are written again)
+            if exc.errno not in NO_SPACE_ERRNOS:
+                raise
+            return failed_result(task, failure(exc))
         if self.index_enabled:
             hashes, phys, times = columns.index_keys()
         else:
@@ -466,6 +493,7 @@ class BatchBuilder:
                         break
                 n = min(stop - done, file_start + upf - slot)
                 pos = (slot - file_start) * UNIT_SIZE
+                back_with_blocks(qmm, pos, n * UNIT_SIZE)  # raises on a full disk, having written nothing
                 qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
                 done += n
         return unwritten
@@ -594,6 +622,7 @@ class BatchBuilder:
             qmm = files.get((topic, queue_id, file_start))
             if qmm is None:
                 qmm = self._queue_file(topic, queue_id, file_start, upf)
+            back_with_blocks(qmm, (slot - file_start) * UNIT_SIZE, UNIT_SIZE)  # raises on a full disk
             unit_pack(qmm, (slot - file_start) * UNIT_SIZE, *unit)
             if faults is not None:
                 faults.unit_written()

@@ -85,6 +85,7 @@ dropped lie above the frontiers and are overwritten when the batch is built agai
 
 from __future__ import annotations
 
+import errno
 import logging
 import pickle
 from collections.abc import Callable
@@ -92,13 +93,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import StoreIOError
 from ..format import record
 from ..format.scan import scan
 from ..log.commit_log import CommitLog
 from ..queues.queue_set import ConsumeQueueStore
 from . import trickle
 from .batch_cut import batch_end
-from .builder import BatchBuilder, ThreadBuilder
+from .builder import NO_SPACE, NO_SPACE_ERRNOS, BatchBuilder, ThreadBuilder
 from .commit import QueueCommitter
 from .handovers import Handovers
 from .index_appends import APPENDED, FAILED, IndexAppends
@@ -186,6 +188,8 @@ class ParallelDispatcher:
         self._committer = QueueCommitter(queues)
         self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
+        self._no_space: str | None = None  # why the stall: the disk is full (raised by dispatch_until)
+        self._waits_at = -1  # where a batch last waited for disk space
         self._pool = WorkerPool(
             workers, str(queues.root), queues.units_per_file, queues.file_sizes, key_index is not None
         )
@@ -233,6 +237,9 @@ class ParallelDispatcher:
                 notify_listeners(self.listeners, changes)
             if self._stalled:
                 self._stalled = False
+                if self._no_space is not None:  # the store's dispatch loop says so once and waits
+                    error, self._no_space = self._no_space, None
+                    raise StoreIOError(errno.ENOSPC, f"dispatch waits at commit-log offset {self._cut_offset}: {error}")
                 return total
 
     def _trickle(self, limit: int, changes: dict[QueueKey, int]) -> int:
@@ -443,6 +450,9 @@ class ParallelDispatcher:
                 elif kind is UnitsWritten:
                     payload = worker.handovers.pop(result.batch_id, None)
                     if payload is not None:
+                        if result.error is not None and result.error.startswith(NO_SPACE):
+                            self._wait_for_space(self.dispatched_offset, result.error)
+                            return results
                         if result.error is not None:
                             log.error(
                                 "dispatch worker %s could not write the units handed over by batch %d: %s; "
@@ -534,6 +544,13 @@ class ParallelDispatcher:
                 return 0  # for a batch since dropped or built again
             task = self._tasks[result.batch_id]
             outcome = appends.answered(result, task.begin)
+            # the disk had no room for the entries, or for the batch itself (the worker answered
+            # it built nothing as it was asked to append): wait for space, and build it again
+            built = self._answers.get(result.batch_id)
+            no_space = [e for e in (result.error, built and built.error) if e and e.startswith(NO_SPACE)]
+            if outcome == FAILED and no_space:
+                self._wait_for_space(task.begin, no_space[0])
+                return 0
             if outcome == FAILED:
                 # build and append it on this thread (the worker's answer, should it come, is
                 # ignored: it no longer holds entries)
@@ -581,17 +598,28 @@ class ParallelDispatcher:
         """`head` is the oldest outstanding batch: commit its slots (every earlier batch is
         committed, so each queue's run starts at its frontier, or starts the queue), append its
         index entries, move the dispatched offset."""
-        task = self._tasks.pop(head.batch_id)
+        task = self._tasks[head.batch_id]
+        end = head.end
+        if head.error is not None and head.error.startswith(NO_SPACE):
+            self._wait_for_space(task.begin, head.error)
+            return 0
+        if self.key_index is not None and len(head.index_hashes):
+            # before the queues are committed: on a full disk the batch is built again, whole
+            try:
+                self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
+            except OSError as exc:
+                if exc.errno not in NO_SPACE_ERRNOS:
+                    raise
+                self._wait_for_space(task.begin, f"{NO_SPACE}: {exc.strerror or exc}")
+                return 0
+        elif self.key_index is not None:
+            self.key_index.indexed_until = max(self.key_index.indexed_until, end)
+        del self._tasks[head.batch_id]
         self._handovers.processed(head.batch_id)
         self._appends.processed(head.batch_id)
         self._head_id += 1
         if len(head.queues):
             self._committer.commit(head.queues, changes, bool(self.listeners))
-        end = head.end
-        if self.key_index is not None and len(head.index_hashes):
-            self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
-        elif self.key_index is not None:
-            self.key_index.indexed_until = max(self.key_index.indexed_until, end)
         self._dispatched(task.begin, end, head.records, head.last_store_timestamp, changes)
         if head.error is not None:
             log.error("dispatch stopped at commit-log offset %d: %s", end, head.error)
@@ -601,6 +629,16 @@ class ParallelDispatcher:
             # or the cut took bytes inside a record for a header; cut again from where it stopped
             self._discard_after(end)
         return head.records
+
+    def _wait_for_space(self, begin: int, error: str) -> None:
+        """The disk had no room for a batch from `begin` (the head): forget it and every later
+        one, and stall there; `dispatch_until` raises StoreIOError (ENOSPC), and the next call
+        cuts again from `begin`.  Units written meanwhile are written again, at the same slots."""
+        if begin != self._waits_at:  # said once for each place it waits at
+            log.warning("dispatch: the batch at commit-log offset %d waits for disk space (%s)", begin, error)
+            self._waits_at = begin
+        self._discard_after(begin)
+        self._no_space = error
 
     def _discard_after(self, end: int) -> None:
         """Forget every later batch (written, but never committed) and cut again from `end`;

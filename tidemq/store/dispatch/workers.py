@@ -33,12 +33,10 @@ from . import builder as batch_builder
 from .builder import DIRECT_QUEUES, BatchBuilder
 from .faults import WorkerFaults
 from .messages import (
-    BatchResult,
     BatchTask,
     Channel,
     IndexAppend,
     IndexAppended,
-    QueueRuns,
     UnitsHandover,
     UnitsWritten,
 )
@@ -114,7 +112,7 @@ def worker_main(
             return builder.append_index(request)
         except Exception as exc:  # an I/O error: the coordinator undoes it and builds the batch itself
             builder.forget_index_files()  # the coordinator may cut back and remake them
-            return IndexAppended(request.batch_id, 0, 0, 0, 0, f"worker failed: {exc!r}")
+            return IndexAppended(request.batch_id, 0, 0, 0, 0, batch_builder.failure(exc))
 
     def send(answer, *more) -> None:
         conn.send_reading(answer, received.append, *more)
@@ -124,7 +122,7 @@ def worker_main(
             builder.write_handover(handover)
             answer = UnitsWritten(handover.batch_id)
         except Exception as exc:  # an I/O error: the coordinator writes them itself
-            answer = UnitsWritten(handover.batch_id, f"worker failed: {exc!r}")
+            answer = UnitsWritten(handover.batch_id, batch_builder.failure(exc))
         send(answer)
 
     def read(block: bool) -> None:
@@ -169,18 +167,7 @@ def worker_main(
             try:
                 result = builder.build(task)
             except Exception as exc:  # an I/O error: the coordinator logs it and stalls there
-                result = BatchResult(
-                    task.batch_id,
-                    task.begin,
-                    task.begin,
-                    f"worker failed: {exc!r}",
-                    0,
-                    0,
-                    QueueRuns.empty(),
-                    np.zeros(0, np.int32),
-                    np.zeros(0, np.int64),
-                    np.zeros(0, np.int64),
-                )
+                result = batch_builder.failed_result(task, batch_builder.failure(exc))
             building = None
             request = waiting.pop(task.batch_id, None)
             if request is None:

@@ -159,6 +159,12 @@ class IndexFile:
             try:
                 os.ftruncate(fd, size)
                 self.mm = mmap.mmap(fd, size)
+                back_with_blocks(self.mm, 0, HEADER_SIZE)  # a full disk: an error, not a SIGBUS below
+            except BaseException:
+                if hasattr(self, "mm"):
+                    self.mm.close()
+                self.path.unlink(missing_ok=True)
+                raise
             finally:
                 os.close(fd)
             HEADER.pack_into(self.mm, 0, 0, 0, 0, 0, 0, 1)

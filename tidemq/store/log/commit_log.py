@@ -267,9 +267,15 @@ class CommitLog:
         pos = offset - segment.start
         room = segment.size - pos
         if size + BLANK_SIZE > room:
+            made = self.segment_for(segment.end) is None
             next_segment = self._ensure_segment(segment.end)  # may raise: nothing written yet
-            next_segment.allocate(size + BLANK_SIZE, size + BLANK_SIZE)  # may raise too
-            segment.allocate(pos + BLANK_SIZE, pos + BLANK_SIZE)
+            try:
+                next_segment.allocate(size + BLANK_SIZE, size + BLANK_SIZE)  # may raise too
+                segment.allocate(pos + BLANK_SIZE, pos + BLANK_SIZE)
+            except OSError:
+                if made:  # no segment without blocks: a reader of its first page would fault (tmpfs)
+                    self._drop(next_segment)
+                raise
             segment.mm[pos : pos + BLANK_SIZE] = record.encode_blank(room)
             segment, pos = next_segment, 0
             self._active = segment
@@ -337,6 +343,12 @@ class CommitLog:
         for segment in doomed:
             self._remove(segment)
         return doomed
+
+    def _drop(self, segment: Segment) -> None:
+        """Take a segment just made, with nothing written in it, out again."""
+        with self._segments_lock:
+            self.segments = [s for s in self.segments if s is not segment]
+        self._remove(segment)
 
     def _remove(self, segment: Segment) -> None:
         """Unmap and delete a segment already taken out of `segments` (no warming on it after)."""
