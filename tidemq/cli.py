@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -157,6 +158,16 @@ def _verbose_after_subcommands(parser: argparse.ArgumentParser) -> None:
                 _verbose_after_subcommands(sub)
 
 
+EXIT_DISK_FULL = 3  # a command stopped for want of disk space (nothing half done: start it again)
+
+
+def disk_full(exc: OSError, args: argparse.Namespace) -> str:
+    """One line for a write the disk refused for want of space: the path it names, else the
+    command's store directory."""
+    where = exc.filename or getattr(args, "store", None) or getattr(args, "dir", None) or "the working directory"
+    return f"the disk of {where} is full ({exc.strerror or exc}): free space, then try again"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -172,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, BrokerError):
             print(f"tidemq: {exc.code.name}: {exc.message}", file=sys.stderr)
             return 2
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            print(f"tidemq: {disk_full(exc, args)}", file=sys.stderr)
+            return EXIT_DISK_FULL
         if isinstance(exc, (StoreError, OSError, ValueError)):  # OSError: a port in use, a missing file
             print(f"tidemq: {exc}", file=sys.stderr)
             return 2

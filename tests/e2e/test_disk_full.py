@@ -8,8 +8,10 @@ producer was told is stored is delivered exactly once."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +25,7 @@ from .server import ServerProcess
 FS_SIZE = "48m"
 DISK_FULL = 42900  # apache.rocketmq.v2.Code.TOO_MANY_REQUESTS
 WAIT_S = 10.0  # the store looks at its disk once a second
+DISK_FULL_EXIT = 3  # `tidemq serve` (or any command) stopped for want of disk space
 
 
 @contextlib.contextmanager
@@ -225,3 +228,81 @@ def refused(producer: Producer, topic: str, stored: list[bytes]) -> bool:
         return True
     stored.append(body)
     return False
+
+
+# Run in a user and mount namespace of its own (util-linux's `unshare`, as root or not), on a
+# tmpfs of FS_SIZE: `tidemq serve` is started on the full disk, started once space is freed and
+# stopped while the disk is full, then the store is checked and served again.
+SERVE_ON_A_FULL_DISK = r"""
+import json, os, signal, subprocess, sys
+from pathlib import Path
+
+disk = Path(sys.argv[1])
+store = disk / "store"
+serve = [sys.executable, "-m", "tidemq.cli", "serve", "--store", str(store), "--listen", "127.0.0.1:0",
+         "--tls", "off", "--segment-size", str(4 << 20)]
+
+
+def fill():
+    try:
+        with open(disk / "filler", "wb") as f:
+            while True:
+                f.write(bytes(1 << 16))
+                f.flush()
+    except OSError:
+        pass
+
+
+def started_then_stopped(full_before_stop=False):
+    server = subprocess.Popen(serve, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in server.stderr:
+        lines.append(line)
+        if "tidemq ready" in line:
+            break
+    if full_before_stop:
+        fill()
+    server.send_signal(signal.SIGTERM)
+    lines += server.stderr.read().splitlines(keepends=True)
+    return server.wait(30), "".join(lines)
+
+
+results = {"first": started_then_stopped()}
+fill()
+refused = subprocess.run(serve, capture_output=True, text=True, timeout=60)
+results["full"] = (refused.returncode, refused.stderr)
+(disk / "filler").unlink()
+results["stopped_full"] = started_then_stopped(full_before_stop=True)
+(disk / "filler").unlink()
+check = subprocess.run([sys.executable, "-m", "tidemq.cli", "store", "check", str(store)], capture_output=True, text=True)
+results["check"] = (check.returncode, check.stdout + check.stderr)
+results["again"] = started_then_stopped()
+print(json.dumps(results))
+"""
+
+
+def test_serve_on_a_full_disk_says_so_in_one_line_and_the_store_opens_once_space_is_freed(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    script = f'mount -t tmpfs -o size={FS_SIZE} tmpfs "$0" && exec "$@"'
+    run = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(mount),
+         sys.executable, "-c", SERVE_ON_A_FULL_DISK, str(mount)],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(run.stdout.splitlines()[-1])
+    store = mount / "store"
+    assert results["first"][0] == 0, results["first"][1]
+    # started on the full disk: one line naming the store's directory, exit status 3
+    code, said = results["full"]
+    assert code == DISK_FULL_EXIT and said.count("\n") == 1, said
+    assert said.startswith(f"tidemq: the disk of {store} is full (") and "bytes free" in said, said
+    # stopped on the full disk: no traceback, the same status and a line that says why
+    code, said = results["stopped_full"]
+    assert code == DISK_FULL_EXIT and "Traceback" not in said, said
+    assert said.splitlines()[-1].startswith(f"tidemq: the disk of {store} is full ("), said
+    # the store is sound and opens again, cleanly
+    assert results["check"][0] == 0, results["check"][1]
+    code, said = results["again"]
+    assert code == 0 and "Traceback" not in said and "stopped cleanly" in said, said

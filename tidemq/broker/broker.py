@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..store import Message, MessageStore
 from . import bodies, clock, fifo, lite, timers, validation
-from .codes import BrokerError, Code, disk_refused
+from .codes import BrokerError, Code, disk_refused, log_failure
 from .config import BrokerConfig
 from .consumer_offsets import ConsumerOffsets, adopt_offsets, consumed_offsets
 from .filters import MATCH_ALL, Filter, parse_filter
@@ -124,8 +124,8 @@ class Broker:
                     self.journal.compact(self.subscriptions.values())
                 self.lite.maintain(self.clock())
                 self.sessions.expire(self.clock())
-            except Exception:
-                log.exception("broker maintenance failed")
+            except Exception as exc:
+                log_failure(log, "broker maintenance failed", exc)
 
     async def _transaction_check_loop(self) -> None:
         while True:
@@ -201,8 +201,8 @@ class Broker:
         try:
             self.store.flush()
             self.timers.checkpoint()
-        except Exception:
-            log.exception("could not checkpoint the timers; releases since the last checkpoint repeat")
+        except Exception as exc:
+            log_failure(log, "could not checkpoint the timers; releases since the last checkpoint repeat", exc)
 
     async def _flush_store(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.store.flush)

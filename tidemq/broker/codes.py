@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import logging
 
 
 class Code(enum.IntEnum):
@@ -63,6 +64,15 @@ class Code(enum.IntEnum):
 # includes a full file system.
 DISK_FULL = Code.TOO_MANY_REQUESTS
 _NO_SPACE = frozenset((errno.ENOSPC, errno.EDQUOT))
+
+
+def log_failure(logger: logging.Logger, what: str, exc: BaseException) -> None:
+    """Log that `what` failed: a full disk in one line (it is expected, and said as such), any
+    other failure with its traceback."""
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        logger.error("%s: the disk is full (%s)", what, exc.strerror or exc)
+    else:
+        logger.error(what, exc_info=exc)
 
 
 def disk_refused(exc: OSError, what: str) -> BrokerError:

@@ -40,7 +40,7 @@ from .index.key_index import KeyIndex
 from .light.queues import LIGHT_QUEUE_STORES, LightQueues
 from .log.checkpoint import Checkpoint
 from .log.commit_log import DEFAULT_SEGMENT_SIZE, CommitLog
-from .log.disk_space import DEFAULT_WARNING_LEVEL_RATIO, DiskSpaceGuard
+from .log.disk_space import DEFAULT_WARNING_LEVEL_RATIO, DiskSpaceGuard, refuse_to_open_if_full
 from .log.flush import DurableCallback, FlushListener, GroupCommit, PeriodicService
 from .log.message_encoder import CommonPutState, MessageEncoder
 from .queues.consume_queue import DEFAULT_UNITS_PER_FILE, Unit
@@ -197,8 +197,13 @@ class MessageStore:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise StoreLockedError(f"store {self.directory} is in use by another process (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        try:
+            refuse_to_open_if_full(self.directory, self.config.disk_usage)  # before anything is written
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def _open(self) -> None:

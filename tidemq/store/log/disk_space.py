@@ -27,6 +27,24 @@ log = logging.getLogger(__name__)
 DEFAULT_WARNING_LEVEL_RATIO = 90  # percent: RocketMQ's diskSpaceWarningLevelRatio
 
 
+# a store is not opened on a disk with less than this free (or 1% of a smaller disk): opening
+# writes (the lock and abort markers, units recovery rebuilds, the checkpoint), and on tmpfs even
+# a read of a page of a mapped file never written takes a page of the disk
+MIN_FREE_TO_OPEN = 1 << 20
+
+
+def refuse_to_open_if_full(directory: Path, usage: Callable[[Path], tuple[int, int, int]] = shutil.disk_usage) -> None:
+    """Raise StoreIOError (ENOSPC), saying which directory and how full its disk is, if that disk
+    has less than MIN_FREE_TO_OPEN bytes (or 1% of it) free; nothing in the store is changed."""
+    try:
+        total, _, free = usage(directory)
+    except OSError:
+        return  # opening says what is wrong
+    if free < min(MIN_FREE_TO_OPEN, total // 100):
+        used = 100.0 * (total - free) / total if total > 0 else 100.0
+        raise StoreIOError(errno.ENOSPC, f"{used:.1f}% used, {free} bytes free", str(directory))
+
+
 class Usage(NamedTuple):
     total: int
     used: int
