@@ -28,6 +28,7 @@ a commit is in the operating system's hands at once (it survives the process bei
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Callable, Iterable, Iterator
@@ -65,6 +66,23 @@ def _queue_state(number: int, row: bytes) -> QueueState:
     return QueueState(number, low, high, stored, active, bytes(row[QUEUE_ROW.size :]).decode("utf-8"))
 
 
+def back_lock_file(path: Path) -> None:
+    """Allocate the blocks of LMDB's lock file: LMDB maps it shared and writes a reader's slot
+    through the mapping when a thread first reads, and a slot in a page of the sparse file on a
+    full disk would end the process with SIGBUS.  ENOSPC here fails the open instead."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return  # opened without a lock file
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system that cannot: as before
+            raise
+    finally:
+        os.close(fd)
+
+
 class KvLightQueues:
     """The light queues' units, bounds and consumer offsets in one LMDB environment."""
 
@@ -82,6 +100,7 @@ class KvLightQueues:
             metasync=False,
             readahead=False,
         )
+        back_lock_file(self.directory / "lock.mdb")
         self.names = self.env.open_db(b"names")
         self.queues = self.env.open_db(b"queues")
         self.units = self.env.open_db(b"units")

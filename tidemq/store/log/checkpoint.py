@@ -14,6 +14,7 @@ crash leaves either the old or the new checkpoint, never a torn one.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -64,7 +65,9 @@ class Checkpoint:
         ).ljust(FILE_SIZE, b"\0")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            written = os.write(fd, data)
+            if written != len(data):  # a full disk: the old checkpoint stays
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({written} of {len(data)} bytes of {tmp})")
             os.fsync(fd)
         finally:
             os.close(fd)
