@@ -607,11 +607,12 @@ class ParallelDispatcher:
             # before the queues are committed: on a full disk the batch is built again, whole
             try:
                 self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
-            except OSError as exc:
-                if exc.errno not in NO_SPACE_ERRNOS:
-                    raise
-                self._wait_for_space(task.begin, f"{NO_SPACE}: {exc.strerror or exc}")
-                return 0
+            except Exception as exc:
+                if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+                    self._wait_for_space(task.begin, f"{NO_SPACE}: {exc.strerror or exc}")
+                    return 0
+                self._discard_after(task.begin)  # built again, from its beginning, when dispatch is retried
+                raise
         elif self.key_index is not None:
             self.key_index.indexed_until = max(self.key_index.indexed_until, end)
         del self._tasks[head.batch_id]
