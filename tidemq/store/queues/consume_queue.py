@@ -368,9 +368,13 @@ class ConsumeQueue:
             if count < len(units):
                 # units after the hole were written out of order (parallel dispatch) and never
                 # committed: zero them, so that a later load cannot take them for entries
+                # (only those: the pages of the holes between them stay unwritten, without blocks)
                 tail = units[count:]
-                if tail["offset"].any() or tail["size"].any() or tail["tags_code"].any():
-                    qf.mm[count * UNIT_SIZE :] = bytes(self.file_size - count * UNIT_SIZE)
+                for i in np.flatnonzero(
+                    (tail["offset"] != 0) | (tail["size"] != 0) | (tail["tags_code"] != 0)
+                ).tolist():
+                    at = (count + i) * UNIT_SIZE
+                    qf.mm[at : at + UNIT_SIZE] = bytes(UNIT_SIZE)
                 break
         # files after a hole hold nothing reachable; drop them
         for qf in [f for f in self._files if f.start > frontier]:
@@ -445,6 +449,7 @@ class ConsumeQueue:
         pads a late first file) and make it the queue's minimum and commit frontier."""
         count = first_offset % self.units_per_file
         if count:
+            back_with_blocks(self._files[0].mm, 0, count * UNIT_SIZE)  # raises on a full disk, having written nothing
             self._files[0].mm[0 : count * UNIT_SIZE] = BLANK_UNIT * count
         with self._lock:
             self.min_offset = first_offset
@@ -602,6 +607,7 @@ class ConsumeQueue:
                 raise ValueError(f"queue offset {slot} of {self.topic}/{self.queue_id} is below its first file")
             n = min(count - done, qf.start + self.units_per_file - slot)
             pos = (slot - qf.start) * UNIT_SIZE
+            back_with_blocks(qf.mm, pos, n * UNIT_SIZE)  # raises on a full disk, having written nothing
             qf.mm[pos : pos + n * UNIT_SIZE] = units[done : done + n].tobytes()
             done += n
         end = int(units["offset"][-1]) + int(units["size"][-1])
