@@ -16,10 +16,10 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.v5.exception import TooManyRequestsException
 
+from .filling import fill
 from .server import ServerProcess
 
 FS_SIZE = "48m"
@@ -55,24 +55,6 @@ def server_on_small_disk(tmp_path: Path, *args: str):
             subprocess.run(["umount", str(mount)], check=True)
         assert code == 0, server.log_text()
         assert "Traceback" not in server.log_text()
-
-
-def fill(directory: Path, leave: int) -> Path:
-    """A file that takes the file system's free space but `leave` bytes (0: until ENOSPC)."""
-    filler = directory / f"filler-{uuid.uuid4().hex[:6]}"
-    stats = os.statvfs(directory)
-    size = max(0, stats.f_bavail * stats.f_frsize - leave)
-    try:
-        with open(filler, "wb") as f:
-            for _ in range(size >> 16):
-                f.write(bytes(1 << 16))
-            if not leave:
-                while True:
-                    f.write(bytes(4096))
-                    f.flush()
-    except OSError:  # ENOSPC: full (even before the file could be made)
-        pass
-    return filler
 
 
 def message(topic: str, body: bytes) -> Message:
@@ -231,26 +213,23 @@ def refused(producer: Producer, topic: str, stored: list[bytes]) -> bool:
 
 
 # Run in a user and mount namespace of its own (util-linux's `unshare`, as root or not), on a
-# tmpfs of FS_SIZE: `tidemq serve` is started on the full disk, started once space is freed and
-# stopped while the disk is full, then the store is checked and served again.
+# tmpfs of FS_SIZE: `tidemq serve` makes a store and is stopped once the disk is full, is started
+# again on the full disk, and once space is freed the store is checked and served again.
 SERVE_ON_A_FULL_DISK = r"""
 import json, os, signal, subprocess, sys
 from pathlib import Path
 
 disk = Path(sys.argv[1])
+sys.path.insert(0, sys.argv[2])  # the repository, for `fill`
+from tests.e2e.filling import fill as fill_until
+
 store = disk / "store"
 serve = [sys.executable, "-m", "tidemq.cli", "serve", "--store", str(store), "--listen", "127.0.0.1:0",
          "--tls", "off", "--segment-size", str(4 << 20)]
 
 
 def fill():
-    try:
-        with open(disk / "filler", "wb") as f:
-            while True:
-                f.write(bytes(1 << 16))
-                f.flush()
-    except OSError:
-        pass
+    fill_until(disk, leave=0).rename(disk / "filler")
 
 
 def started_then_stopped(full_before_stop=False):
@@ -267,12 +246,9 @@ def started_then_stopped(full_before_stop=False):
     return server.wait(30), "".join(lines)
 
 
-results = {"first": started_then_stopped()}
-fill()
+results = {"stopped_full": started_then_stopped(full_before_stop=True)}
 refused = subprocess.run(serve, capture_output=True, text=True, timeout=60)
 results["full"] = (refused.returncode, refused.stderr)
-(disk / "filler").unlink()
-results["stopped_full"] = started_then_stopped(full_before_stop=True)
 (disk / "filler").unlink()
 check = subprocess.run([sys.executable, "-m", "tidemq.cli", "store", "check", str(store)], capture_output=True, text=True)
 results["check"] = (check.returncode, check.stdout + check.stderr)
@@ -287,21 +263,20 @@ def test_serve_on_a_full_disk_says_so_in_one_line_and_the_store_opens_once_space
     script = f'mount -t tmpfs -o size={FS_SIZE} tmpfs "$0" && exec "$@"'
     run = subprocess.run(
         ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(mount),
-         sys.executable, "-c", SERVE_ON_A_FULL_DISK, str(mount)],
+         sys.executable, "-c", SERVE_ON_A_FULL_DISK, str(mount), str(Path(__file__).parents[2])],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.splitlines()[-1])
     store = mount / "store"
-    assert results["first"][0] == 0, results["first"][1]
-    # started on the full disk: one line naming the store's directory, exit status 3
-    code, said = results["full"]
-    assert code == DISK_FULL_EXIT and said.count("\n") == 1, said
-    assert said.startswith(f"tidemq: the disk of {store} is full (") and "bytes free" in said, said
-    # stopped on the full disk: no traceback, the same status and a line that says why
+    # stopped on the full disk: no traceback, a line that says why, exit status 3
     code, said = results["stopped_full"]
     assert code == DISK_FULL_EXIT and "Traceback" not in said, said
     assert said.splitlines()[-1].startswith(f"tidemq: the disk of {store} is full ("), said
+    # started on the full disk: one line naming the store's directory, the same status
+    code, said = results["full"]
+    assert code == DISK_FULL_EXIT and said.count("\n") == 1, said
+    assert said.startswith(f"tidemq: the disk of {store} is full (") and "bytes free" in said, said
     # the store is sound and opens again, cleanly
     assert results["check"][0] == 0, results["check"][1]
     code, said = results["again"]
