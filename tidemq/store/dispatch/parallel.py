@@ -461,7 +461,8 @@ class ParallelDispatcher:
                                 result.batch_id,
                                 result.error,
                             )
-                            self._inline_builder().write_handover(pickle.loads(payload))
+                            if not self._write_handover_here(payload):
+                                return results
                         built = self._handovers.written(result.batch_id, worker.number)
                         if built is not None:
                             results.append(built)
@@ -478,7 +479,7 @@ class ParallelDispatcher:
         False if they were written here (that worker is gone: workers have given way)."""
         worker = self._pool.numbered(owner)
         if worker is None:
-            self._inline_builder().write_handover(pickle.loads(payload))
+            self._write_handover_here(payload)  # (on a full disk every batch is dropped, to be cut again)
             return False
         worker.handovers[batch_id] = payload
         self.handovers_forwarded += 1
@@ -486,6 +487,18 @@ class ParallelDispatcher:
             worker.conn.send_bytes(payload)
         except (OSError, EOFError):
             pass  # a dead worker is noticed and replaced by _collect, which sends them again
+        return True
+
+    def _write_handover_here(self, payload: bytes) -> bool:
+        """Write units handed over on this thread; False if the disk had no room for them: then
+        every outstanding batch is dropped, and dispatch waits for space (`_wait_for_space`)."""
+        try:
+            self._inline_builder().write_handover(pickle.loads(payload))
+        except OSError as exc:
+            if exc.errno not in NO_SPACE_ERRNOS:
+                raise
+            self._wait_for_space(self.dispatched_offset, f"{NO_SPACE}: {exc.strerror or exc}")
+            return False
         return True
 
     def _replace(self, dead: WorkerProcess) -> None:
@@ -510,7 +523,8 @@ class ParallelDispatcher:
             self._inline_only = True
             self._pool.remove(dead)
             for batch_id, payload in sorted(dead.handovers.items()):
-                self._inline_builder().write_handover(pickle.loads(payload))
+                if not self._write_handover_here(payload):
+                    return
                 built = self._handovers.written(batch_id, dead.number)
                 if built is not None:
                     self._done[batch_id] = built
