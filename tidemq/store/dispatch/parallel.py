@@ -609,9 +609,10 @@ class ParallelDispatcher:
             pass  # a dead worker is noticed and replaced by _collect
 
     def _advance(self, head: BatchResult, changes: dict[QueueKey, int]) -> int:
-        """`head` is the oldest outstanding batch: commit its slots (every earlier batch is
-        committed, so each queue's run starts at its frontier, or starts the queue), append its
-        index entries, move the dispatched offset."""
+        """`head` is the oldest outstanding batch: append its index entries (as a worker appends
+        them before its answer is processed), commit its slots (every earlier batch is committed,
+        so each queue's run starts at its frontier, or starts the queue), move the dispatched
+        offset."""
         task = self._tasks[head.batch_id]
         end = head.end
         if head.error is not None and head.error.startswith(NO_SPACE):
