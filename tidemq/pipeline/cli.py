@@ -59,11 +59,17 @@ def _rebuild(args: argparse.Namespace) -> int:
             hash_slots=args.hash_slots,
             max_entries=args.max_index_entries,
             partition_size=args.partition_size,
+            light_queue_store=args.light_queue_store,
             **_offsets(args),
         )
     for line in report.messages:
         print(f"warning: {line}")
     print(f"rebuilt {len(report.queues)} consume queue(s), {report.entries} entries, into {report.out}/consumequeue")
+    if report.light_queue_tables:
+        print(
+            f"rebuilt {report.light_queues} light queue(s), {report.light_units} units, "
+            f"into the key-value tables {report.light_queue_tables}"
+        )
     if report.key_index:
         print(f"rebuilt the key index into {report.key_index}")
     for topic, queue_id, entries, files, min_offset, max_offset, _ in report.queues:
@@ -168,6 +174,12 @@ def add_commands(commands) -> None:
         "--units-per-file", type=int, help="consume-queue units per file (default: the store's, else 300000)"
     )
     p.add_argument("--no-key-index", action="store_true", help="rebuild the consume queues only")
+    p.add_argument(
+        "--light-queue-store",
+        choices=["file", "kv"],
+        help="light queues (%%LMQ%%name) as RocketMQ's file queues, or in the key-value tables lightqueue/ "
+        "(default: the form the store's are in, else kv)",
+    )
     p.add_argument("--hash-slots", type=int, help="key-index hash slots per file (default: the store's, else 5000000)")
     p.add_argument(
         "--max-index-entries", type=int, help="key-index entries per file (default: the store's, else 20000000)"

@@ -38,13 +38,15 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from ..store import record
 from ..store.errors import StoreLockedError
-from ..store.format.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..store.format.special_queues import LMQ_PREFIX, LMQ_QUEUE_ID, PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..store.light.queues import KV_DIRECTORY
 from ..store.queues.consume_queue import BLANK_UNIT, DEFAULT_UNITS_PER_FILE, UNIT_DTYPE, UNIT_SIZE, file_name
 from ..store.queues.queue_set import spread_topic_directories
 from . import SOURCE_NAME, files
 from . import plan as planning
 from .columns import arrow_schema, select_schema
 from .errors import job_errors
+from .light_queues import file_light_queues, light_queue_store_of, table_rows, write_tables
 from .source import CommitLogDataSource, CommitLogReader, record_batches
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,9 @@ UNITS_SCHEMA = StructType(
         StructField("first_offset", LongType(), False),
         StructField("queue_offsets", BinaryType(), False),
         StructField("units", BinaryType(), False),
+        # a light queue's (`%LMQ%name`/0) units' store times `>q`... (the key-value tables keep
+        # them); empty for other queues
+        StructField("store_times", BinaryType(), False),
     ]
 )
 UNITS_ARROW_SCHEMA = arrow_schema(UNITS_SCHEMA)
@@ -191,7 +196,8 @@ class QueueFilesWriter:
 
 class QueueUnitsSource(CommitLogDataSource):
     """`tidemq-queueunits`: per range and queue, (topic, queue_id, first commit-log offset,
-    queue offsets `>q`..., units `>qiq`...) of the entries the dispatcher would write."""
+    queue offsets `>q`..., units `>qiq`..., store times `>q`... of a light queue's units) of the
+    entries the dispatcher would write."""
 
     @classmethod
     def name(cls) -> str:
@@ -216,18 +222,21 @@ class QueueUnitsReader(CommitLogReader):
 
 
 def queue_units(part, settings) -> Iterator[pa.RecordBatch]:
-    groups: dict[tuple[str, int], tuple[list, list, list, list]] = {}
+    groups: dict[tuple[str, int], tuple[list, list, list, list, list | None]] = {}
     indexed = record.QUEUE_ENTRY_KINDS
     mask, tags_code, tags = record.TRANSACTION_TYPE_MASK, record.tags_code, record.PROPERTY_TAGS
 
     def add(queue: tuple[str, int], queue_offset: int, r, code: int) -> None:
         group = groups.get(queue)
         if group is None:
-            group = groups[queue] = ([], [], [], [])
+            light = queue[1] == LMQ_QUEUE_ID and queue[0].startswith(LMQ_PREFIX)
+            group = groups[queue] = ([], [], [], [], [] if light else None)
         group[0].append(queue_offset)
         group[1].append(r.commit_log_offset)
         group[2].append(r.total_size)
         group[3].append(code)
+        if group[4] is not None:
+            group[4].append(r.store_timestamp)
 
     for batch in record_batches(part, settings):
         for r in batch:
@@ -246,12 +255,14 @@ def queue_units(part, settings) -> Iterator[pa.RecordBatch]:
                 add((lmq_topic, lmq_queue_id), lmq_offset, r, code)
     if not groups:
         return
-    columns: tuple[list, ...] = ([], [], [], [], [])
-    for (topic, queue_id), (queue_offsets, offsets, sizes, codes) in groups.items():
+    columns: tuple[list, ...] = ([], [], [], [], [], [])
+    for (topic, queue_id), (queue_offsets, offsets, sizes, codes, store_times) in groups.items():
         units = np.empty(len(offsets), dtype=UNIT_DTYPE)
         units["offset"], units["size"], units["tags_code"] = offsets, sizes, codes
+        times = np.asarray(store_times, ">i8").tobytes() if store_times is not None else b""
         for column, value in zip(
-            columns, (topic, queue_id, offsets[0], np.asarray(queue_offsets, ">i8").tobytes(), units.tobytes())
+            columns,
+            (topic, queue_id, offsets[0], np.asarray(queue_offsets, ">i8").tobytes(), units.tobytes(), times),
         ):
             column.append(value)
     yield pa.RecordBatch.from_arrays(
@@ -316,6 +327,10 @@ class RebuildReport:
     queues: list[tuple] = field(default_factory=list)  # summary rows, sorted by topic and queue
     entries: int = 0
     key_index: str | None = None  # the index directory, if the key index was rebuilt
+    light_queue_store: str = "kv"  # where the light queues went: "file" (consumequeue/) or "kv"
+    light_queue_tables: str | None = None  # the key-value tables' directory, if written
+    light_queues: int = 0  # light queues in the tables
+    light_units: int = 0  # units written into the tables
     messages: list[str] = field(default_factory=list)
 
 
@@ -380,12 +395,15 @@ def rebuild(
     queue_partitions: int | None = None,
     start_offset: int | None = None,
     end_offset: int | None = None,
+    light_queue_store: str | None = None,
 ) -> RebuildReport:
     """Build the indexes of `store` from its commit log: `out/consumequeue/` and (with
     `key_index`) `out/index/`, laid out as in a store; or with `in_place` replace the stopped
     store's own.  File geometry (units per file, hash slots, entries per index file) is taken
     from the store's existing files when not given, else the defaults.  `start_offset` /
-    `end_offset` bound the commit-log range read (as the source's startOffset / endOffset)."""
+    `end_offset` bound the commit-log range read (as the source's startOffset / endOffset).
+    Light queues go into `light_queue_store` ("file" or "kv": `light_queues.py`), the tables into
+    `out/lightqueue/` (a local directory); by default each goes where the store has it."""
     from .key_index import INDEX_COLUMNS, index_geometry, write_key_index
 
     store = files.normalize(store)
@@ -398,13 +416,18 @@ def rebuild(
     units_per_file = units_per_file or units_per_file_of(store) or DEFAULT_UNITS_PER_FILE
     geometry = (index_geometry(Path(store) / "index") if files.is_local(store) else None) or (None, None)
     hash_slots, max_entries = hash_slots or geometry[0], max_entries or geometry[1]
+    light_store = light_queue_store_of(store, light_queue_store)
+    if light_store == "kv" and not files.is_local(files.normalize(out) if out is not None else store):
+        raise ValueError(
+            "the key-value light-queue tables (LMDB) are written on a local file system: give a local --out"
+        )
     lock = stopped_store(Path(store)) if in_place else contextlib.nullcontext()
     with lock:
         target = files.normalize(out) if out is not None else os.path.join(store, "rebuild.tmp")  # one of them
         if in_place:
             shutil.rmtree(target, ignore_errors=True)
         files.makedirs(target)
-        report = RebuildReport(out=store if in_place else target)
+        report = RebuildReport(out=store if in_place else target, light_queue_store=light_store)
         report_tail(store, report.messages)
 
         def reader(source: str):
@@ -421,6 +444,10 @@ def rebuild(
         spark.dataSource.register(QueueUnitsSource)
         with job_errors():  # the source plans (in Python, started by Spark) when it is loaded
             df = reader(UNITS_SOURCE).load(store)
+        table_df = None
+        if light_store == "kv":
+            # by default the store's own file light queues stay files, as the store keeps them
+            df, table_df = table_rows(df, file_light_queues(store) if light_queue_store is None else [])
         df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
         df = df.sortWithinPartitions("topic", "queue_id", "first_offset")
         queues_dir = files.join(target, "consumequeue")
@@ -444,14 +471,37 @@ def rebuild(
         finally:
             shutil.rmtree(summary_dir, ignore_errors=True)
         report.entries = sum(r[2] for r in report.queues)
+        if table_df is not None:
+            tables = Path(target) / KV_DIRECTORY
+            shutil.rmtree(tables, ignore_errors=True)
+            old = Path(store) / KV_DIRECTORY if files.is_local(store) else None
+            with job_errors():
+                rows = table_df.orderBy("topic", "first_offset").toLocalIterator()
+                report.light_queues, report.light_units = write_tables(
+                    rows, tables, dispatched_mark(store, end_offset), old
+                )
+            report.light_queue_tables = files.join(store if in_place else target, KV_DIRECTORY)
         if key_index:
             with job_errors():
                 entries = reader(SOURCE_NAME).option("columns", INDEX_COLUMNS).load(store)
                 write_key_index(spark, entries, files.join(target, "index"), hash_slots, max_entries)
             report.key_index = files.join(store if in_place else target, "index")
         if in_place:
-            _swap_in(Path(store), Path(target), ["consumequeue"] + (["index"] if key_index else []))
+            names = (
+                ["consumequeue"] + (["index"] if key_index else []) + ([KV_DIRECTORY] if table_df is not None else [])
+            )
+            _swap_in(Path(store), Path(target), names)
     return report
+
+
+def dispatched_mark(store: str, end_offset: int | None) -> int:
+    """The tables' `dispatched` mark after a rebuild: the end of the log's valid records (or
+    `end_offset`, if the read stopped before it), as the store's dispatch leaves it."""
+    end = 0
+    for commit_log in planning.resolve([store]):
+        bad = planning.tail_damage(commit_log)
+        end = max(end, bad.offset if bad is not None else planning.chain_end(commit_log))
+    return min(end, end_offset) if end_offset is not None else end
 
 
 def _swap_in(store: Path, built: Path, names: list[str]) -> None:
