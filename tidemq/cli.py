@@ -71,10 +71,20 @@ def _store_check(args: argparse.Namespace) -> int:
 def _store_repair(args: argparse.Namespace) -> int:
     from .broker.pop_journal import repair_journal
     from .store import MessageStore, StoreConfig
+    from .store.light.repair import repair_file_units
+    from .store.recovery import check
 
     directory = existing_store(args.dir)
+    # light queues' units against the log: file queues mended before the store opens, the
+    # key-value tables through it
+    light_fixes = check.check(directory).light_fixes
+    fixed = repair_file_units(directory, light_fixes) if light_fixes else 0
     store = MessageStore(directory, StoreConfig(repair=True))
     messages = list(store.recovery.messages)
+    if light_fixes and store.light_queues is not None:
+        fixed += store.light_queues.repair_units(light_fixes)
+    if fixed:
+        messages.append(f"light queues: {fixed} unit(s) rewritten from the log or removed")
     store.close()
     journal = repair_journal(directory / "pop", directory / "repair")
     if journal is not None:

@@ -28,6 +28,7 @@ a commit is in the operating system's hands at once (it survives the process bei
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import struct
@@ -333,6 +334,12 @@ class KvLightQueues:
                 db=self.units,
             )
 
+    def delete_unit(self, name: str, queue_offset: int) -> bool:
+        """Delete the unit at a slot of `name`, its bounds left as they are; False if none."""
+        with self.env.begin(write=True) as txn:
+            number = txn.get(name.encode("utf-8"), db=self.names)
+            return number is not None and txn.delete(number + NUMBER.pack(queue_offset), db=self.units)
+
     def set_bounds(self, name: str, min_offset: int | None = None, max_offset: int | None = None) -> None:
         with self.env.begin(write=True) as txn:
             state = self._state(txn, name)
@@ -462,3 +469,48 @@ def _delete_prefixed(cursor, prefix: bytes, start: bytes) -> None:
     while cursor.key()[: len(prefix)] == prefix:
         if not cursor.delete():  # the cursor is past the last key
             break
+
+
+class OfflineTables:
+    """A read-only snapshot of the tables in a directory (safe beside a store that has them
+    open): the dispatched mark and each queue with its units, for `store check`."""
+
+    def __init__(self, env, txn) -> None:
+        self.txn = txn
+        self.queue_table = env.open_db(b"queues", txn=txn, create=False)
+        self.unit_table = env.open_db(b"units", txn=txn, create=False)
+        meta = env.open_db(b"meta", txn=txn, create=False)
+        dispatched = txn.get(DISPATCHED_KEY, db=meta)
+        self.dispatched = OFFSET.unpack(dispatched)[0] if dispatched is not None else 0
+
+    def queues(self) -> Iterator[QueueState]:
+        for key, value in self.txn.cursor(db=self.queue_table):
+            yield _queue_state(NUMBER.unpack(key)[0], value)
+
+    def units(self, number: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """(queue offset, commit-log offset, size, tags code, store time) of each unit of the
+        queue numbered `number`, in offset order."""
+        prefix = NUMBER.pack(number)
+        cursor = self.txn.cursor(db=self.unit_table)
+        if not cursor.set_range(prefix):
+            return
+        for key, value in cursor:
+            if key[:8] != prefix:
+                return
+            yield (UNIT_KEY.unpack(key)[1], *UNIT_ROW.unpack(value))
+
+
+@contextlib.contextmanager
+def offline_tables(directory: Path | str) -> Iterator[OfflineTables | None]:
+    """The tables in `directory` read-only (see OfflineTables), or None if there are none."""
+    if not (Path(directory) / "data.mdb").is_file():
+        yield None
+        return
+    import lmdb  # see KvLightQueues
+
+    env = lmdb.open(str(directory), readonly=True, max_dbs=8, max_readers=1024, create=False)
+    try:
+        with env.begin() as txn:
+            yield OfflineTables(env, txn)
+    finally:
+        env.close()

@@ -382,6 +382,26 @@ class LightQueues:
             self.kv.close()
             self.kv = None
 
+    def repair_units(self, fixes: list[tuple[str, str, int, tuple[int, int, int, int] | None]]) -> int:
+        """`store repair`: put each key-value (form "kv") fix's unit at its slot of the tables
+        (unit None: delete the unit there), for the units whose record the log holds after
+        recovery; a queue's max offset moves past a unit put above it.  Returns how many were
+        applied."""
+        if self.kv is None:
+            return 0
+        applied = 0
+        for form, name, slot, unit in fixes:
+            if form != "kv":
+                continue
+            if unit is None:
+                applied += self.kv.delete_unit(name, slot)
+            elif unit[0] + unit[1] <= self.commit_log.write_position and self.kv.state(name) is not None:
+                self.kv.put_unit(name, slot, *unit)
+                if slot >= self.kv.bounds(name)[1]:
+                    self.kv.set_bounds(name, max_offset=slot + 1)
+                applied += 1
+        return applied
+
     # -- reading --------------------------------------------------------------------------------
 
     def read_units(self, name: str, offset: int, max_count: int) -> list[Unit]:

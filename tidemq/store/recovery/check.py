@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..format import record
-from ..format.special_queues import PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..format.special_queues import LMQ_PREFIX, LMQ_QUEUE_ID, PROPERTY_DELAY, lmq_units, queue_tags_code
+from ..light.queues import KV_DIRECTORY
 from ..log.commit_log import segment_paths
 from ..queues.consume_queue import BLANK_UNIT_SIZE, UNIT_DTYPE, UNIT_SIZE
 
@@ -42,6 +43,10 @@ class CheckReport:
     records: int = 0
     units: int = 0
     problems: list[str] = field(default_factory=list)
+    # what `store repair` writes into the light queues: (form "file" or "kv", name, slot, the
+    # unit (commit-log offset, size, tags code, store time) the log lists there, or None: delete
+    # the unit there)
+    light_fixes: list[tuple[str, str, int, tuple[int, int, int, int] | None]] = field(default_factory=list)
 
     @property
     def sound(self) -> bool:
@@ -149,13 +154,57 @@ def expected_unit(rec: record.Record, topic: str, queue_id: int) -> tuple[int, i
     return None
 
 
+class _Records:
+    """The log's segments mapped read-only, for looking up the record a unit points at."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.maps = {int(p.name): _map(p) for p in paths}
+        self.segment_size = (paths[0].stat().st_size if paths else 0) or 1
+        self.first = int(paths[0].name) if paths else 0
+
+    def unit_problem(self, where: str, topic: str, queue_id: int, slot: int, offset: int, size: int, tags: int):
+        """(a problem with the unit at `slot` of `topic`/`queue_id`, or None; the record)."""
+        base = offset - offset % self.segment_size
+        mm = self.maps.get(base)
+        if mm is None:
+            return f"{where}: commit-log offset {offset} is in no segment", None
+        rec = record.decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False)
+        if type(rec) is not record.Record:
+            return f"{where}: no valid record at commit-log offset {offset}", None
+        expected = expected_unit(rec, topic, queue_id)
+        if rec.total_size != size or expected is None or expected[0] != slot:
+            return (
+                f"{where}: unit (size {size}) does not match the record at {offset} "
+                f"({rec.topic}/{rec.queue_id} offset {rec.queue_offset}, size {rec.total_size})"
+            ), rec
+        if expected[1] != tags:
+            return f"{where}: tags code {tags} differs from the record's", rec
+        return None, rec
+
+    def light_unit(self, offset: int) -> tuple[int, int, int, int] | None:
+        """The light-queue unit (commit-log offset, size, tags code, store time) of the record at
+        `offset`, or None if no valid record is there."""
+        base = offset - offset % self.segment_size
+        mm = self.maps.get(base)
+        rec = record.decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False) if mm else None
+        if type(rec) is not record.Record:
+            return None
+        return offset, rec.total_size, record.tags_code(rec.tags), rec.store_timestamp
+
+    def close(self) -> None:
+        for mm in self.maps.values():
+            if mm is not None:
+                mm.close()
+
+
 def check(store_dir: Path) -> CheckReport:
     """Every record's layout and CRCs (body, and whole record where it carries one); every
-    ConsumeQueue unit against its record.  A damaged record whose size field holds is reported
-    once and the walk goes on after it."""
+    ConsumeQueue unit against its record; the light queues (`check_light_queues`).  A damaged
+    record whose size field holds is reported once and the walk goes on after it."""
     report = CheckReport()
     paths = segment_paths(store_dir)
     ended = False
+    listed: dict[str, list[tuple[int, int]]] = {}  # light queue -> (offset, record) the log lists
     for path in paths:
         result = None
         stranded: list[int] = []  # records after the end of the log: one problem for them all
@@ -164,6 +213,7 @@ def check(store_dir: Path) -> CheckReport:
                 if ended:
                     stranded.append(result.commit_log_offset)
                 report.records += 1
+                _list_light_units(result, listed)
             elif type(result) is record.Invalid:  # reported once; the walk goes on past it if it can
                 report.problems.append(f"invalid record at commit-log offset {result.offset}: {result.reason}")
             elif type(result) is record.EndOfData:
@@ -172,35 +222,164 @@ def check(store_dir: Path) -> CheckReport:
             ended = True
         if stranded:
             report.problems.append(f"{len(stranded)} record(s) from offset {stranded[0]} follow the end of the log")
-    maps = {int(p.name): _map(p) for p in paths}
-    segment_size = (paths[0].stat().st_size if paths else 0) or 1
+    records = _Records(paths)
     try:
         for topic, queue_id, queue_dir in queue_dirs(store_dir):
+            if queue_id == LMQ_QUEUE_ID and topic.startswith(LMQ_PREFIX):
+                continue  # check_light_queues
             for start, units in iter_queue_units(queue_dir):
                 for i, (offset, size, tags) in enumerate(units.tolist()):
                     if size == BLANK_UNIT_SIZE:
                         continue
                     report.units += 1
                     where = f"consume queue {topic}/{queue_id} offset {start + i}"
-                    base = offset - offset % segment_size
-                    mm = maps.get(base)
-                    if mm is None:
-                        report.problems.append(f"{where}: commit-log offset {offset} is in no segment")
-                        continue
-                    rec = record.decode(mm, offset - base, base_offset=base, check_crc=False, read_body=False)
-                    if type(rec) is not record.Record:
-                        report.problems.append(f"{where}: no valid record at commit-log offset {offset}")
-                        continue
-                    expected = expected_unit(rec, topic, queue_id)
-                    if rec.total_size != size or expected is None or expected[0] != start + i:
-                        report.problems.append(
-                            f"{where}: unit (size {size}) does not match the record at {offset} "
-                            f"({rec.topic}/{rec.queue_id} offset {rec.queue_offset}, size {rec.total_size})"
-                        )
-                    elif expected[1] != tags:
-                        report.problems.append(f"{where}: tags code {tags} differs from the record's")
+                    problem, _ = records.unit_problem(where, topic, queue_id, start + i, offset, size, tags)
+                    if problem is not None:
+                        report.problems.append(problem)
+        check_light_queues(store_dir, listed, records, report)
     finally:
-        for mm in maps.values():
-            if mm is not None:
-                mm.close()
+        records.close()
     return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Light queues (multi-dispatch, `tidemq.store.light`), in RocketMQ's file queues or the key-value
+# tables: every unit points at a record that lists that light queue at that offset, and every
+# offset a record lists has its unit.  Each unit wrong or missing is reported once (missing ones
+# as runs of offsets).  Not reported: units of records the log no longer holds (older segments
+# deleted: readers skip them); records past the tables' dispatched mark (the store's next open
+# dispatches them); a light queue the tables do not hold at all, or the records of an earlier
+# life of a name (its offsets start again at 0): idle light queues expire from the tables.
+
+
+def _list_light_units(rec: record.Record, listed: dict[str, list[tuple[int, int]]]) -> None:
+    if rec.sysflag & record.TRANSACTION_TYPE_MASK not in record.QUEUE_ENTRY_KINDS:
+        return  # a prepared (or rolled back) message is dispatched by its commit record
+    for name, queue_id, offset in lmq_units(rec.topic, rec.queue_id, rec.properties.get):
+        if queue_id != LMQ_QUEUE_ID or not name.startswith(LMQ_PREFIX):
+            continue
+        found = listed.setdefault(name, [])
+        if not found or found[-1] != (offset, rec.commit_log_offset):  # a name given twice: one unit
+            found.append((offset, rec.commit_log_offset))
+
+
+def _latest_life(listed: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (offset, record) a light queue's current life lists: offsets rise from record to
+    record until the name is used again after its queue expired."""
+    start = 0
+    for i in range(1, len(listed)):
+        if listed[i][0] <= listed[i - 1][0]:
+            start = i
+    return listed[start:]
+
+
+def _missing(name: str, listed: list[tuple[int, int]], present: set[int]) -> list[str]:
+    """One problem per run of consecutive offsets that records list and the queue lacks."""
+    gaps = sorted((offset, where) for offset, where in listed if offset not in present)
+    problems = []
+    i = 0
+    while i < len(gaps):
+        j = i
+        while j + 1 < len(gaps) and gaps[j + 1][0] == gaps[j][0] + 1:
+            j += 1
+        first, last = gaps[i][0], gaps[j][0]
+        span = f"offset {first}" if first == last else f"offsets {first}..{last}"
+        problems.append(
+            f"light queue {name}: {j - i + 1} unit(s) missing at {span} "
+            f"(listed by the record at commit-log offset {gaps[i][1]}{' and after' if j > i else ''})"
+        )
+        i = j + 1
+    return problems
+
+
+def _file_light_units(queue_dir: Path) -> Iterator[tuple[int, int, int, int]]:
+    """(slot, commit-log offset, size, tags code) of each written unit of a light file queue,
+    past holes (a zeroed unit is a missing one) and the blank units below its first entry."""
+    for path in sorted(p for p in queue_dir.iterdir() if p.name.isdigit()):
+        data = path.read_bytes()
+        units = np.frombuffer(data[: len(data) - len(data) % UNIT_SIZE], dtype=UNIT_DTYPE)
+        first = int(path.name) // UNIT_SIZE
+        written = np.nonzero((units["offset"] >= 0) & (units["size"] > 0) & (units["size"] != BLANK_UNIT_SIZE))[0]
+        for i in written.tolist():
+            offset, size, tags = units[i].tolist()
+            yield first + i, offset, size, tags
+
+
+def check_light_queues(
+    store_dir: Path, listed: dict[str, list[tuple[int, int]]], records: _Records, report: CheckReport
+) -> None:
+    """The light queues against `listed` (name -> (offset, commit-log offset) of each unit the
+    log's records list, in log order); see the section comment above."""
+    from ..light.kv import offline_tables
+
+    in_files = {}
+    for topic, queue_id, queue_dir in queue_dirs(store_dir):
+        if queue_id == LMQ_QUEUE_ID and topic.startswith(LMQ_PREFIX):
+            in_files[topic] = queue_dir
+
+    def verify(name: str, slot: int, offset: int, size: int, tags: int, store_time: int | None) -> bool:
+        report.units += 1
+        if offset < records.first:
+            return True  # its record is deleted with its segment
+        where = f"light queue {name} offset {slot}"
+        problem, rec = records.unit_problem(where, name, LMQ_QUEUE_ID, slot, offset, size, tags)
+        if problem is None and rec is not None and store_time is not None and store_time != rec.store_timestamp:
+            problem = f"{where}: store time {store_time} differs from the record's"
+        if problem is not None:
+            report.problems.append(problem)
+        return problem is None
+
+    def fix(form: str, name: str, life: list[tuple[int, int]], wrong: list[int], present: set[int]) -> None:
+        wanted = dict(life)
+        for slot in wrong:
+            unit = records.light_unit(wanted[slot]) if slot in wanted else None
+            if unit is not None or form == "kv":  # a file queue keeps a slot no record lists
+                report.light_fixes.append((form, name, slot, unit))
+        for slot, offset in life:
+            unit = records.light_unit(offset) if slot not in present else None
+            if unit is not None:
+                report.light_fixes.append((form, name, slot, unit))
+
+    for name, queue_dir in in_files.items():
+        present, wrong = set(), []
+        for slot, offset, size, tags in _file_light_units(queue_dir):
+            present.add(slot)
+            if not verify(name, slot, offset, size, tags, None):
+                wrong.append(slot)
+        life = [unit for unit in _latest_life(listed.get(name, [])) if unit[1] >= records.first]
+        gaps = _missing(name, life, present)
+        report.problems += gaps
+        if gaps or wrong:
+            fix("file", name, life, wrong, present)
+    with offline_tables(Path(store_dir) / KV_DIRECTORY) as tables:
+        held = set()
+        if tables is not None:
+            for state in tables.queues():
+                if state.name in in_files:
+                    continue  # the store reads the file queue
+                held.add(state.name)
+                life = [
+                    unit
+                    for unit in _latest_life(listed.get(state.name, []))
+                    if records.first <= unit[1] < tables.dispatched
+                ]
+                present, wrong = set(), []
+                for slot, offset, size, tags, store_time in tables.units(state.number):
+                    present.add(slot)
+                    sound = verify(state.name, slot, offset, size, tags, store_time)
+                    if sound and not state.min_offset <= slot < state.max_offset:
+                        sound = False
+                        report.problems.append(
+                            f"light queue {state.name} offset {slot}: a unit outside the queue's "
+                            f"offsets [{state.min_offset}, {state.max_offset})"
+                        )
+                    if not sound:
+                        wrong.append(slot)
+                gaps = _missing(state.name, life, present)
+                report.problems += gaps
+                if gaps or wrong:
+                    fix("kv", state.name, life, wrong, present)
+        for name, units in listed.items():
+            if name in in_files or name in held or tables is not None:
+                continue
+            report.problems += _missing(name, [u for u in _latest_life(units) if u[1] >= records.first], set())
