@@ -4,14 +4,12 @@ After reopening: every put that returned success is there with its queue offset 
 ConsumeQueues match the CommitLog exactly, and nothing past the last valid record is visible.
 """
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import textwrap
 
-from tidemq.store import Message, MessageStore, StoreConfig
+import killed_child
+
+from tidemq.store import MessageStore, StoreConfig
 from tidemq.store.recovery.check import check
 
 CHILD = textwrap.dedent(
@@ -49,29 +47,16 @@ def body(qid, qoff):
     return (b"%d:%d:" % (qid, qoff)) * (1 + (qid * 7 + qoff) % 40)
 
 
+def parse_ack(line):
+    """"ok qid qoff offset" -> ((qid, qoff), offset)"""
+    parts = line.split()
+    if len(parts) != 4 or parts[0] != "ok":
+        return None
+    return (int(parts[1]), int(parts[2])), int(parts[3])
+
+
 def run_and_kill(path, seed, acks_before_kill):
-    errors = path.parent / f"child-{seed}.err"
-    with open(errors, "w") as err:
-        child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(seed)], stdout=subprocess.PIPE, stderr=err, text=True)
-    acked = {}
-    try:
-        first = child.stdout.readline().strip()
-        while len(acked) < acks_before_kill and first == "ready":
-            line = child.stdout.readline()
-            if not line:
-                break
-            _, qid, qoff, offset = line.split()
-            acked[(int(qid), int(qoff))] = int(offset)
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-    assert first == "ready" and len(acked) >= acks_before_kill, errors.read_text()
-    # lines already in the pipe were acknowledged before the kill as well
-    for line in child.stdout.read().splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[0] == "ok":
-            acked[(int(parts[1]), int(parts[2]))] = int(parts[3])
-    return acked
+    return killed_child.run_and_kill(CHILD, [str(path), str(seed)], acks_before_kill, parse_ack, path.parent / f"child-{seed}.err")
 
 
 def test_sigkill_during_sync_appends_loses_nothing_acknowledged(tmp_path):

@@ -2,12 +2,10 @@
 exactly the units the log's records name (their INNER_MULTI_QUEUE_OFFSET), contiguous from 0,
 nothing lost and nothing twice, and every acknowledged put is in each of its light queues."""
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import textwrap
+
+import killed_child
 
 from tidemq.store import Message, MessageStore, StoreConfig
 
@@ -39,23 +37,17 @@ CHILD = textwrap.dedent(
 ).replace("LIGHT_QUEUES", str(LIGHT_QUEUES))
 
 
+def parse_ack(line):
+    """"ok offset name,name..." -> (offset, names)"""
+    parts = line.split()
+    if len(parts) != 3 or parts[0] != "ok":
+        return None
+    return int(parts[1]), parts[2].split(",")
+
+
 def run_and_kill(path, seed, flush, acks_before_kill):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(seed), flush], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
-    acked = {}
-    try:
-        first = child.stdout.readline().strip()
-        while len(acked) < acks_before_kill and first == "ready":
-            line = child.stdout.readline()
-            if not line:
-                break
-            _, offset, names = line.split()
-            acked[int(offset)] = names.split(",")
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait()
-    assert first == "ready" and len(acked) >= acks_before_kill
-    return acked
+    errors = path.parent / f"child-{seed}.err"
+    return killed_child.run_and_kill(CHILD, [str(path), str(seed), flush], acks_before_kill, parse_ack, errors)
 
 
 def expected_light_queues(store):

@@ -182,7 +182,11 @@ def test_lmq_units_pointing_at_their_parents_records_check_sound(tmp_path):
 def test_an_lmq_unit_at_the_wrong_offset_is_a_problem(tmp_path):
     lmq_store(tmp_path, lmq_offset_shift=1)  # %LMQ%a's first unit names the record of its offset 1
     report = check.check(tmp_path)
-    assert [p.split(":")[0] for p in report.problems] == ["consume queue %LMQ%a/0 offset 0"]
+    # the unit at 0 is wrong, and the record that lists offset 1 has no unit there
+    assert [p.split(" (")[0] for p in report.problems] == [
+        "light queue %LMQ%a offset 0: unit",
+        "light queue %LMQ%a: 1 unit(s) missing at offset 1",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
