@@ -23,6 +23,7 @@ surviving queue's consumer offsets (and their commit times) over from the old ta
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -75,25 +76,29 @@ def table_rows(units_df, kept_as_files: Iterable[str]):
     return units_df.filter(~light), units_df.filter(light)
 
 
-def write_tables(rows: Iterable, directory: Path, dispatched: int, old: Path | None = None) -> tuple[int, int]:
+def write_tables(rows: Iterable, directory: Path, dispatched: int, old: Path | None = None) -> tuple[int, int] | None:
     """Write the light queues' unit rows (topic, queue_offsets, units, store_times; in order of
     queue, then commit-log offset) into new tables at `directory`, as the store's dispatch
     writes them (`KvLightQueues.write`: each unit at its slot, a later one at a slot replacing
     an earlier); mark `dispatched`; carry consumer offsets over from the tables at `old`.
-    Returns (queues, units)."""
+    Returns (queues, units), or None (and no tables made) if there is no row and no old tables."""
     from ..store.light.kv import KvLightQueues
 
+    had_tables = old is not None and (old / "data.mdb").is_file()
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None and not had_tables:
+        return None
     kv = KvLightQueues(directory)
     units_written = 0
     try:
         batch: list[tuple[str, int, int, int, int, int]] = []
-        for row in rows:
+        for row in itertools.chain([first] if first is not None else [], rows):
             offsets = np.frombuffer(row["queue_offsets"], ">i8").tolist()
             units = np.frombuffer(row["units"], UNIT_DTYPE)
             times = np.frombuffer(row["store_times"], ">i8").tolist()
-            name = row["topic"]
             batch += zip(
-                [name] * len(offsets),
+                [row["topic"]] * len(offsets),
                 offsets,
                 units["offset"].tolist(),
                 units["size"].tolist(),
@@ -107,7 +112,8 @@ def write_tables(rows: Iterable, directory: Path, dispatched: int, old: Path | N
         kv.write(batch, -1)
         units_written += len(batch)
         kv.mark_dispatched(dispatched)
-        if old is not None and (old / "data.mdb").is_file():
+        if had_tables:
+            assert old is not None
             carry_consumer_offsets(old, kv)
         queues = kv.count()
         kv.flush()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
@@ -446,8 +447,10 @@ def rebuild(
             df = reader(UNITS_SOURCE).load(store)
         table_df = None
         if light_store == "kv":
+            # one scan of the log for both passes (files, then tables): the queue units are kept;
             # by default the store's own file light queues stay files, as the store keeps them
-            df, table_df = table_rows(df, file_light_queues(store) if light_queue_store is None else [])
+            units_df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            df, table_df = table_rows(units_df, file_light_queues(store) if light_queue_store is None else [])
         df = df.repartition(queue_partitions or spark.sparkContext.defaultParallelism, "topic", "queue_id")
         df = df.sortWithinPartitions("topic", "queue_id", "first_offset")
         queues_dir = files.join(target, "consumequeue")
@@ -471,25 +474,26 @@ def rebuild(
         finally:
             shutil.rmtree(summary_dir, ignore_errors=True)
         report.entries = sum(r[2] for r in report.queues)
+        tables_written = False
         if table_df is not None:
             tables = Path(target) / KV_DIRECTORY
             shutil.rmtree(tables, ignore_errors=True)
             old = Path(store) / KV_DIRECTORY if files.is_local(store) else None
             with job_errors():
                 rows = table_df.orderBy("topic", "first_offset").toLocalIterator()
-                report.light_queues, report.light_units = write_tables(
-                    rows, tables, dispatched_mark(store, end_offset), old
-                )
-            report.light_queue_tables = files.join(store if in_place else target, KV_DIRECTORY)
+                written = write_tables(rows, tables, dispatched_mark(store, end_offset), old)
+            units_df.unpersist()
+            if written is not None:
+                tables_written = True
+                report.light_queues, report.light_units = written
+                report.light_queue_tables = files.join(store if in_place else target, KV_DIRECTORY)
         if key_index:
             with job_errors():
                 entries = reader(SOURCE_NAME).option("columns", INDEX_COLUMNS).load(store)
                 write_key_index(spark, entries, files.join(target, "index"), hash_slots, max_entries)
             report.key_index = files.join(store if in_place else target, "index")
         if in_place:
-            names = (
-                ["consumequeue"] + (["index"] if key_index else []) + ([KV_DIRECTORY] if table_df is not None else [])
-            )
+            names = ["consumequeue"] + (["index"] if key_index else []) + ([KV_DIRECTORY] if tables_written else [])
             _swap_in(Path(store), Path(target), names)
     return report
 
