@@ -172,3 +172,18 @@ def test_rebuild_in_place_restores_damaged_tables_and_keeps_consumer_offsets(spa
 def test_the_tables_need_a_local_out(spark, kv_store):
     with pytest.raises(ValueError, match="local"):
         rebuild(spark, kv_store, "hdfs://nowhere:9000/out", light_queue_store="kv")
+
+
+def test_the_command_line_chooses_the_form(spark, kv_store, tmp_path, capsys):
+    from tidemq.cli import main
+
+    common = ["pipeline", "rebuild", "--store", str(kv_store), "--no-key-index", "--no-progress", "--master", "local[2]"]
+    assert main([*common, "--out", str(tmp_path / "kv")]) == 0
+    assert f"rebuilt {len(NAMES)} light queue(s)" in capsys.readouterr().out
+    assert (tmp_path / "kv" / "lightqueue" / "data.mdb").is_file()
+    assert main([*common, "--out", str(tmp_path / "files"), "--light-queue-store", "file"]) == 0
+    assert "light queue(s)" not in capsys.readouterr().out
+    assert (tmp_path / "files" / "consumequeue" / NAMES[0] / "0").is_dir()
+    assert not (tmp_path / "files" / "lightqueue").exists()
+    with pytest.raises(SystemExit):
+        main([*common, "--out", str(tmp_path / "x"), "--light-queue-store", "rocksdb"])
