@@ -92,7 +92,7 @@ def test_the_checker_sees_a_violation(tmp_path):
 
 # The store's folders (docs/store-layout.md), each with the store modules it may import besides
 # its own folder, `errors` and the compiled helpers `_dispatch`: dependencies point down, from
-# the codecs (`format`) through the structures (`log`, `queues`, `index`) to the stages that use
+# the codecs (`format`) through the structures (`log`, `queues`, `index`, `light`) to the stages that use
 # them (`dispatch`, `recovery`).  `dispatch.requests` is the contract between dispatch and its
 # sinks (`queues.queue_set`, `index.key_index`), so the structures may import it.
 STORE_FOLDERS = {
@@ -101,7 +101,7 @@ STORE_FOLDERS = {
     "queues": ("format", "dispatch.requests"),
     "index": ("format", "log", "dispatch.requests"),
     "dispatch": ("format", "log", "queues", "index"),
-    "recovery": ("format", "log", "queues", "dispatch.requests"),
+    "recovery": ("format", "log", "queues", "light", "dispatch.requests"),
     "light": ("format", "log", "queues", "dispatch.requests"),
 }
 STORE_SHARED = ("errors", "blocks", "_dispatch")
