@@ -169,9 +169,17 @@ def test_rebuild_in_place_restores_damaged_tables_and_keeps_consumer_offsets(spa
         assert len(got.messages) == len(pristine["units"]["%LMQ%room-4"])
 
 
-def test_the_tables_need_a_local_out(spark, kv_store):
+def test_the_tables_need_a_local_out(spark, kv_store, tmp_path):
     with pytest.raises(ValueError, match="local"):
         rebuild(spark, kv_store, "hdfs://nowhere:9000/out", light_queue_store="kv")
+    with pytest.raises(ValueError, match="local"):
+        rebuild(spark, kv_store, "hdfs://nowhere:9000/out")  # the store has the tables
+    # a store without light queues rebuilds to a remote output as before (its default form: files)
+    from tidemq.pipeline.light_queues import light_queue_store_of
+
+    (tmp_path / "plain" / "commitlog").mkdir(parents=True)
+    assert light_queue_store_of(str(tmp_path / "plain"), None, out_is_local=False) == "file"
+    assert light_queue_store_of(str(tmp_path / "plain"), None) == "kv"
 
 
 def test_the_command_line_chooses_the_form(spark, kv_store, tmp_path, capsys):

@@ -9,7 +9,8 @@ the store's two forms (`light_queue_store`):
 
 Asked for neither, the rebuild keeps the store's form: `kv` if it has the tables, and then the
 light queues it holds as file queues (a store RocketMQ wrote, then tidemq) stay files, as the
-store keeps them; `file` if it has light file queues only; else the store's default, `kv`.
+store keeps them; `file` if it has light file queues only; else the store's default, `kv` (`file` for an output
+that is not local).
 
 The tables are written on the driver, from the light queues' unit rows streamed to it in order
 (`toLocalIterator`: one partition in the driver's memory at a time).  Not by the tasks: LMDB is
@@ -53,16 +54,19 @@ def file_light_queues(store: str) -> list[str]:
     return found
 
 
-def light_queue_store_of(store: str, choice: str | None) -> str:
+def light_queue_store_of(store: str, choice: str | None, out_is_local: bool = True) -> str:
     """`choice` if given; else the form the store's light queues are in: `kv` if it has the
-    tables, `file` if it has light file queues and no tables, else the store's default."""
+    tables, `file` if it has light file queues and no tables, else the store's default (`file`
+    when the output is not local: the tables are written on a local file system only)."""
     if choice is not None:
         if choice not in LIGHT_QUEUE_STORES:
             raise ValueError(f"light queue store must be one of {', '.join(LIGHT_QUEUE_STORES)}, not {choice!r}")
         return choice
     if files.is_dir(files.join(store, KV_DIRECTORY)):
         return "kv"
-    return "file" if file_light_queues(store) else DEFAULT_LIGHT_QUEUE_STORE
+    if file_light_queues(store) or not out_is_local:
+        return "file"
+    return DEFAULT_LIGHT_QUEUE_STORE
 
 
 def table_rows(units_df, kept_as_files: Iterable[str]):

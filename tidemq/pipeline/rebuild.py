@@ -417,8 +417,9 @@ def rebuild(
     units_per_file = units_per_file or units_per_file_of(store) or DEFAULT_UNITS_PER_FILE
     geometry = (index_geometry(Path(store) / "index") if files.is_local(store) else None) or (None, None)
     hash_slots, max_entries = hash_slots or geometry[0], max_entries or geometry[1]
-    light_store = light_queue_store_of(store, light_queue_store)
-    if light_store == "kv" and not files.is_local(files.normalize(out) if out is not None else store):
+    out_is_local = files.is_local(files.normalize(out) if out is not None else store)
+    light_store = light_queue_store_of(store, light_queue_store, out_is_local)
+    if light_store == "kv" and not out_is_local:
         raise ValueError(
             "the key-value light-queue tables (LMDB) are written on a local file system: give a local --out"
         )
