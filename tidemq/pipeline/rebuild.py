@@ -13,6 +13,10 @@ with blank units (0, 0x7FFFFFFF, 0) below the entry.  `QueueFilesWriter` replays
 rule for every entry — write the slot unless it is below the queue's commit frontier — so even an
 odd log (a queue offset repeated or skipped) gives the same bytes.
 
+Light queues (`%LMQ%name`, queue 0; a unit per name of a record's `INNER_MULTI_DISPATCH` at the
+offset its `INNER_MULTI_QUEUE_OFFSET` gives) are rebuilt as file queues along with the others, or
+into the store's key-value tables on the driver (`light_queues.py` says where and why).
+
 Tasks write the files themselves, so on a cluster `out` must be a filesystem every executor sees:
 a shared path, or a URI (`files`: hdfs://, s3://, ...).  The store may be a URI too; rebuilding
 in place needs a local store (its lock is a local file lock).
