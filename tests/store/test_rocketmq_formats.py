@@ -189,6 +189,26 @@ def test_an_lmq_unit_at_the_wrong_offset_is_a_problem(tmp_path):
     ]
 
 
+def test_records_rocketmq_does_not_multi_dispatch_need_no_light_queue_units(tmp_path):
+    """A system topic's record, and one whose name and offset lists differ in length, get no
+    light-queue units from RocketMQ: check expects none."""
+    records = [
+        dict(topic="rmq_sys_TRACE", queue_id=0, queue_offset=0, body=b"s",
+             properties={"INNER_MULTI_DISPATCH": "%LMQ%a", "INNER_MULTI_QUEUE_OFFSET": "0"}),
+        dict(topic="parent", queue_id=0, queue_offset=0, body=b"p",
+             properties={"INNER_MULTI_DISPATCH": "%LMQ%a,%LMQ%b", "INNER_MULTI_QUEUE_OFFSET": "0"}),
+    ]
+    offsets = write_log(tmp_path, records)
+    for r, offset in zip(records, offsets):
+        size = len(record.encode(**dict(r, store_host=("127.0.0.1", 10911), born_host=("127.0.0.1", 5000))))
+        directory = tmp_path / "consumequeue" / r["topic"] / "0"
+        directory.mkdir(parents=True)
+        (directory / f"{0:020d}").write_bytes(struct.pack(">qiq", offset, size, 0))
+    report = check.check(tmp_path)
+    assert report.sound, report.problems
+    assert report.units == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. a clean exit keeps the index; 7. the checkpoint's sixth field
 

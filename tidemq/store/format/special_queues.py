@@ -8,8 +8,8 @@
   queues (comma-separated, `INNER_MULTI_QUEUE_OFFSET` their offsets in the same order) also has a
   unit in each of them, pointing at the record itself: queue 0 for an `%LMQ%` name, the record's
   own queue id otherwise; the unit's tags code is the record's.  Names with a path separator are
-  skipped, and so are retry and delay-level topics' records.  tidemq reads, checks and rebuilds
-  these units; it does not yet write them when it dispatches (serving light queues is separate).
+  skipped; records of retry, system (`rmq_sys_`) and delay-level topics are not multi-dispatched,
+  and neither is a record whose two lists differ in length.
 
 Pure functions over property values: the dispatcher, `store check` and the Spark rebuild share them.
 """
@@ -24,6 +24,7 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 PROPERTY_DELAY = "DELAY"
 LMQ_PREFIX = "%LMQ%"
 RETRY_PREFIX = "%RETRY%"
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 LMQ_QUEUE_ID = 0
 MULTI_DISPATCH_SEPARATOR = ","
 
@@ -65,17 +66,25 @@ def queue_tags_code(topic: str, delay_level: str | None, store_timestamp: int, t
     return deliver_timestamp(level, store_timestamp) if level > 0 else tags_code
 
 
+def multi_dispatches(topic: str) -> bool:
+    """Whether a record of `topic` is multi-dispatched (RocketMQ's isNeedHandleMultiDispatch)."""
+    return not (topic.startswith((RETRY_PREFIX, SYSTEM_TOPIC_PREFIX)) or topic == SCHEDULE_TOPIC)
+
+
 def lmq_units(topic: str, queue_id: int, get_property: Callable[[str], str | None]) -> list[tuple[str, int, int]]:
     """(queue topic, queue id, queue offset) of each multi-dispatch unit of a record of `topic`
     and `queue_id` whose properties `get_property` reads; [] for most records."""
     names = get_property(PROPERTY_INNER_MULTI_DISPATCH)
-    if not names or topic.startswith(RETRY_PREFIX) or topic == SCHEDULE_TOPIC:
+    if not names or not multi_dispatches(topic):
         return []
     offsets = get_property(PROPERTY_INNER_MULTI_QUEUE_OFFSET)
     if not offsets or not names.strip() or not offsets.strip():
         return []
+    name_list, offset_list = names.split(MULTI_DISPATCH_SEPARATOR), offsets.split(MULTI_DISPATCH_SEPARATOR)
+    if len(name_list) != len(offset_list):
+        return []
     units = []
-    for name, offset in zip(names.split(MULTI_DISPATCH_SEPARATOR), offsets.split(MULTI_DISPATCH_SEPARATOR)):
+    for name, offset in zip(name_list, offset_list):
         if "/" in name or not name:
             continue
         try:

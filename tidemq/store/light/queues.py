@@ -45,8 +45,7 @@ from ..format.special_queues import (
     LMQ_PREFIX,
     LMQ_QUEUE_ID,
     MULTI_DISPATCH_SEPARATOR,
-    RETRY_PREFIX,
-    SCHEDULE_TOPIC,
+    multi_dispatches,
 )
 from ..queues.consume_queue import Unit
 from ..queues.queue_set import ConsumeQueueStore
@@ -60,7 +59,6 @@ log = logging.getLogger(__name__)
 MULTI_DISPATCH = record.PROPERTY_INNER_MULTI_DISPATCH
 MULTI_QUEUE_OFFSET = record.PROPERTY_INNER_MULTI_QUEUE_OFFSET
 _MARKER = f"{MULTI_DISPATCH}\x01".encode("ascii")
-SYSTEM_TOPIC_PREFIX = "rmq_sys_"
 LIGHT_QUEUE_STORES = ("kv", "file")
 KV_DIRECTORY = "lightqueue"
 # the widest offset list a name can add: a comma and 19 digits
@@ -94,11 +92,6 @@ def property_in(buffer, start: int, stop: int, name: bytes) -> str | None:
 
 def is_light_queue(topic: str) -> bool:
     return topic.startswith(LMQ_PREFIX)
-
-
-def multi_dispatches(topic: str) -> bool:
-    """Whether a record of `topic` is multi-dispatched (RocketMQ's isNeedHandleMultiDispatch)."""
-    return not (topic.startswith((RETRY_PREFIX, SYSTEM_TOPIC_PREFIX)) or topic == SCHEDULE_TOPIC)
 
 
 class LightQueues:
