@@ -19,9 +19,8 @@ from trees import same_tree
 from tidemq.store.dispatch import builder as batch_builder
 from tidemq.store.dispatch.builder import DIRECT_QUEUES, BatchBuilder, owner_of
 from tidemq.store.dispatch.messages import BatchResult, BatchTask, Channel, IndexAppend, IndexAppended, QueueRuns, UnitsHandover, UnitsWritten
-from tidemq.store.dispatch.parallel import ParallelDispatcher
+from tidemq.store.dispatch.parallel import cut_batch
 from tidemq.store.queues.consume_queue import UNIT_DTYPE
-from tidemq.store.queues.queue_set import ConsumeQueueStore
 
 
 def _same(a, b) -> bool:
@@ -148,7 +147,7 @@ def test_a_batch_naming_few_queues_is_written_whole_by_a_workers_builder(tmp_pat
     builder = BatchBuilder(str(root), 64, False)
     builder.owner, builder.owners, builder.direct_queues = 1, 2, DIRECT_QUEUES
     assert {owner_of(*key, 2) for key in assigned} == {0, 1}
-    task = ParallelDispatcher(log, ConsumeQueueStore(tmp_path / "unused", 64), None, 0, 2, inline_bytes=0)._cut(log.write_position, 1 << 20)
+    task, _ = cut_batch(log, 0, 0, log.write_position, 1 << 20)
     result = builder.build(task)
     builder.close()
     assert result.records == 600 and len(result.queues) == 10 and result.handovers == []

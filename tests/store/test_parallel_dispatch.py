@@ -17,16 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from trees import same_tree
 
 from tidemq.store import Message, MessageStore, StoreConfig, record
 from tidemq.store.dispatch import builder as batch_builder
 from tidemq.store.dispatch.builder import BatchBuilder, owner_of
 from tidemq.store.dispatch.faults import CRASH_ENV
-from tidemq.store.dispatch.messages import Channel, IndexAppend, UnitsHandover
-from tidemq.store.dispatch.parallel import ParallelDispatcher
+from tidemq.store.dispatch.messages import Channel, UnitsHandover
+from tidemq.store.dispatch.commit import QueueCommitter
+from tidemq.store.dispatch.coordinator import Commit, Coordinator, Send
+from tidemq.store.dispatch.parallel import ParallelDispatcher, commit_batch, cut_batch
 from tidemq.store.dispatch.sequential import Dispatcher
 from tidemq.store.dispatch.workers import MALLOC_ENV, MAPPINGS_ENV
 from tidemq.store.index.key_index import KeyIndex
@@ -122,147 +122,7 @@ def test_seed_example_with_range_commits(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Arbitrary completion orders (the coordinator driven in-process, workers simulated)
-
-
-class ScriptedDispatcher(ParallelDispatcher):
-    """Batches are built by in-process BatchBuilders, one per worker, each owning its share of
-    the queues, either when submitted or when answered, and answered in an order chosen by
-    `rng`; the units a builder hands over are written by their owner at a random later point,
-    and only then is the batch's answer complete; after every answer the readers' view is
-    checked.  With `hold_index`, the builders keep the index entries as worker processes do, and
-    the head's append request is answered among the other answers, at a random point."""
-
-    def __init__(self, *args, rng: random.Random, check, hold_index: bool = False, mappings: int | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.rng = rng
-        self.check = check
-        self.builders = []
-        for owner in range(self.worker_count):
-            builder = BatchBuilder(str(self.queues.root), self.queues.units_per_file, True)
-            if mappings is not None:  # a small budget: the builders hand the other builders' queues over
-                builder.max_queue_files = mappings
-            builder.hold_index = hold_index
-            builder.owner, builder.owners = owner, self.worker_count
-            self.builders.append(builder)
-        self.built_by: dict[int, BatchBuilder] = {}
-        self.pending: list[tuple] = []
-        self.handed_over = 0
-
-    def _submit(self, task) -> None:
-        builder = self.built_by[task.batch_id] = self.rng.choice(self.builders)
-        early = builder.build(task) if self.rng.random() < 0.5 else None  # written, not answered
-        self.pending.append((task, early))
-
-    def _forward(self, owner, batch_id, payload) -> bool:
-        self.handed_over += 1
-        self.pending.append((("units", owner, batch_id, payload), None))
-        return True
-
-    def _send_append(self, worker, request) -> None:
-        assert self._appends.appending == request.batch_id and request.path == self._appends.current_path()
-        assert request.skip_below == self.key_index.indexed_until
-        self.pending.append((request, None))
-
-    def _collect(self):
-        done = [self._done.pop(i) for i in sorted(self._done)]
-        if done or not self.pending:
-            return done
-        self.rng.shuffle(self.pending)
-        take = self.rng.randint(1, len(self.pending))
-        chosen, self.pending = self.pending[:take], self.pending[take:]
-        answers = []
-        for task, early in chosen:
-            if type(task) is IndexAppend:
-                answers.append(self.built_by[task.batch_id].append_index(task))
-            elif type(task) is tuple:
-                _, owner, batch_id, payload = task
-                self.builders[owner].write_handover(pickle.loads(payload))
-                built = self._handovers.written(batch_id, owner)
-                if built is not None:
-                    answers.append(built)
-            else:
-                result = early if early is not None else self.built_by[task.batch_id].build(task)
-                self._appends.held(result, None)
-                if self._handovers.hand_over(result):
-                    answers.append(result)
-        return answers
-
-    def _complete(self, result, changes):
-        total = super()._complete(result, changes)
-        self.check()
-        return total
-
-    def close(self) -> None:
-        super().close()
-        for builder in self.builders:
-            builder.close()
-
-
-queue_layouts = st.sampled_from(["many", "few", "hot"])
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    layout=queue_layouts,
-    count=st.integers(50, 400),
-    workers=st.integers(1, 4),
-    batch_bytes=st.integers(300, 6000),
-    seed=st.integers(0, 2**32 - 1),
-    hold_index=st.booleans(),
-    hand_over=st.booleans(),
-)
-def test_random_completion_orders_never_show_gaps_and_build_identical_files(tmp_path_factory, layout, count, workers, batch_bytes, seed, hold_index,
-                                                                             hand_over):
-    base = tmp_path_factory.mktemp("orders")
-    rng = random.Random(seed)
-    if layout == "many":
-        queues = [(f"topic{rng.randrange(3)}", rng.randrange(40)) for _ in range(count)]
-    elif layout == "few":
-        queues = [("t", rng.randrange(3)) for _ in range(count)]
-    else:
-        queues = [("hot", 0) if rng.random() < 0.9 else ("cold", rng.randrange(4)) for _ in range(count)]
-    log, assigned = build_log(base / "log", queues, segment_size=8192)
-    sequential_build(log, base / "sequential", units=32)
-    expected = {key: ConsumeQueue(base / "sequential" / "consumequeue", *key) for key in assigned}
-
-    cqs = ConsumeQueueStore(base / "parallel" / "consumequeue", 32)
-    index = KeyIndex(base / "parallel" / "index", 64, 200)
-    frontiers: dict = {}
-
-    def check() -> None:
-        for key, cq in cqs.queues.items():
-            units = cq.read(0, 10_000)
-            # no gap, no reordering: exactly the first slots, equal to the sequential build
-            assert [u.queue_offset for u in units] == list(range(len(units)))
-            assert units == expected[key].read(0, len(units))
-            assert cq.commit_frontier == len(units)
-        for key, frontier in frontiers.items():
-            assert cqs.queues[key].commit_frontier >= frontier
-
-    def listener(changes) -> None:
-        for key, frontier in changes.items():
-            assert frontier > frontiers.get(key, 0), "a listener was told of nothing new"
-            assert cqs.queues[key].commit_frontier >= frontier
-            frontiers[key] = frontier
-
-    dispatcher = ScriptedDispatcher(
-        log, cqs, index, 0, workers, batch_bytes=batch_bytes, inline_bytes=0, rng=rng, check=check, hold_index=hold_index,
-        mappings=2 if hand_over else None,
-    )
-    dispatcher.listeners.append(listener)
-    dispatcher.dispatch_until(log.write_position)
-    assert dispatcher.dispatched_offset == log.write_position
-    assert (dispatcher.worker_appends > 0) == hold_index  # entries appended by the "worker", in order
-    if hand_over and workers > 1 and layout != "hot":
-        assert dispatcher.handed_over > 0  # queues of another worker's share were in batches
-    assert frontiers == assigned  # every committed entry was announced, up to the last
-    for cq in expected.values():
-        cq.close()
-    cqs.close()
-    index.close()
-    dispatcher.close()
-    assert same_tree(base / "sequential", base / "parallel") == []
+# Queues started by the coordinator (completion orders: test_dispatch_coordinator.py)
 
 
 def test_a_new_queue_is_adopted_at_its_first_slot_and_later_files_mapped_when_committed(tmp_path):
@@ -393,23 +253,36 @@ def iter_records(log: CommitLog):
         offset += rec.total_size
 
 
+def cut_all(log: CommitLog, coordinator: Coordinator, limit: int) -> list:
+    """Cut batches while `coordinator` wants them; every command it gives."""
+    commands = []
+    while (size := coordinator.next_cut(limit)) is not None:
+        batch = cut_batch(log, coordinator.next_id, coordinator.cut_offset, limit, size)
+        if batch is None:
+            break
+        commands += coordinator.cut(batch[0], limit, batch[1])
+    return commands
+
+
 def test_dispatched_offset_never_passes_an_unfinished_batch(tmp_path):
-    """Batches answered newest first: the dispatched offset (what the checkpoint records) stays
-    at the start of the oldest unanswered batch."""
+    """Batches answered newest first: nothing is committed (the dispatched offset, what the
+    checkpoint records, stays at the start of the oldest unanswered batch) until the oldest is in."""
     log, _ = build_log(tmp_path / "log", [("t", i % 5) for i in range(300)], segment_size=1 << 20)
     cqs = ConsumeQueueStore(tmp_path / "cq", 1000)
-    dispatcher = ParallelDispatcher(log, cqs, None, 0, 4, batch_bytes=2000, inline_bytes=0)
-    tasks = []
-    dispatcher._submit = tasks.append
-    dispatcher._fill(log.write_position)
-    assert len(tasks) >= 8  # several batches outstanding at once
+    coordinator = Coordinator(4, 0, batch_bytes=2000, inline_bytes=0, index=False)
+    sent = cut_all(log, coordinator, log.write_position)
+    assert len(sent) >= 8 and all(type(command) is Send for command in sent)  # several batches outstanding at once
     builder = BatchBuilder(str(cqs.root), 1000, False)
-    for task in reversed(tasks[1:]):
-        dispatcher._complete(builder.build(task), {})
-        assert dispatcher.dispatched_offset == 0
-    assert all(cq.commit_frontier == 0 for cq in cqs.queues.values())  # new queues wait for the head
-    dispatcher._complete(builder.build(tasks[0]), {})
-    assert dispatcher.dispatched_offset == tasks[-1].end
+    committer = QueueCommitter(cqs)
+    for command in reversed(sent[1:]):
+        assert coordinator.answered(command.worker, builder.build(command.task)) == []
+    commits = coordinator.answered(sent[0].worker, builder.build(sent[0].task))
+    assert [type(command) for command in commits] == [Commit] * len(sent)
+    assert [command.task for command in commits] == [command.task for command in sent]
+    for command in commits:
+        commit_batch(committer, None, command.result, {}, False)
+    assert commits[-1].result.end == sent[-1].task.end
+    assert sum(cq.commit_frontier for cq in cqs.queues.values()) == sum(c.result.records for c in commits)
     builder.close()
     cqs.close()
 
@@ -466,7 +339,7 @@ def _builders_of_two_owners(tmp_path: Path, layout: list[tuple[str, int]]):
     builders = [BatchBuilder(str(root), 64, False) for _ in range(2)]
     for owner, builder in enumerate(builders):
         builder.owner, builder.owners = owner, 2
-    task = ParallelDispatcher(log, ConsumeQueueStore(tmp_path / "unused", 64), None, 0, 2, inline_bytes=0)._cut(log.write_position, 1 << 20)
+    task, _ = cut_batch(log, 0, 0, log.write_position, 1 << 20)
     return assigned, root, builders, task
 
 
@@ -604,7 +477,7 @@ def test_workers_run_this_tidemq_whatever_the_working_directory_holds(tmp_path, 
     with two_workers_against_one_thread(tmp_path, log, batch_bytes=16 * 1024) as dispatcher:
         assert dispatcher.dispatch_until(log.write_position) == len(layout)
         assert dispatcher.worker_batches > 2 and dispatcher.inline_batches == 0
-        assert all(worker.process.poll() is None for worker in dispatcher._pool.workers)  # none died at import
+        assert dispatcher.workers_restarted == 0  # none died at import
 
 
 @pytest.mark.parametrize("every_worker", [False, True], ids=["one worker dies once", "every worker dies"])
@@ -646,7 +519,8 @@ def test_a_worker_dying_part_way_through_a_write_is_undone_or_finished_by_its_re
         if point == "append":
             assert dispatcher.worker_appends > 0
         else:
-            assert dispatcher.inline_batches == 0 and all(not worker.handovers for worker in dispatcher._pool.workers)
+            coordinator = dispatcher.coordinator
+            assert dispatcher.inline_batches == 0 and not any(coordinator.handed_to(n) for n in coordinator.workers())
 
 
 def _mapped_queues(pid: int) -> set[tuple[str, int]]:
@@ -670,7 +544,7 @@ def test_workers_write_the_other_workers_queues_into_their_files_instead_of_hand
         # every batch held queues of both workers, whose runs went into their files: none was
         # handed over
         assert dispatcher.handovers_forwarded == 0
-        mapped = {worker.number: _mapped_queues(worker.pid) for worker in dispatcher._pool.workers}
+        mapped = {number: _mapped_queues(pid) for number, pid in enumerate(dispatcher.worker_pids())}
         assert sorted(mapped) == [0, 1]
         for number, queues in mapped.items():
             # every queue of its share, and the other's it wrote into
@@ -778,7 +652,7 @@ def test_dispatch_thread_alone_writes_known_queues_through_their_own_mappings(tm
     cqs = ConsumeQueueStore(tmp_path / "cq", 400)
     index = KeyIndex(tmp_path / "index", 64, 4000)
     dispatcher = ParallelDispatcher(log, cqs, index, 0, 0, batch_bytes=16 * 1024)
-    builder = dispatcher._inline_builder()
+    builder = dispatcher.inline_builder()
     builder.max_queue_files = 16
     first = dispatcher.dispatch_until(middle)
     assert dispatcher.worker_pids() == [] and dispatcher.worker_batches == 0 and dispatcher.inline_batches > 1
@@ -809,7 +683,7 @@ def _thread_alone_over_known_queues(tmp_path: Path, monkeypatch, budget: int | N
     cqs = ConsumeQueueStore(tmp_path / "cq", 400)
     index = KeyIndex(tmp_path / "index", 64, 4000)
     dispatcher = ParallelDispatcher(log, cqs, index, 0, 0, batch_bytes=16 * 1024)
-    builder = dispatcher._inline_builder()
+    builder = dispatcher.inline_builder()
     builder.max_queue_files = 16  # its own mappings of the new queues are closed, and the queues' used
     done = dispatcher.dispatch_until(log.write_position // 3)
     assert len(builder._files) > builder._own_mappings()  # it keeps some of the queues' mappings
@@ -957,20 +831,17 @@ def test_recovery_restarts_below_an_unfinished_batch_when_later_ones_are_written
     layout = [("p", 0)] * 40 + [(f"t{i % 2}", i % 6) if i % 5 else ("p", 0) for i in range(600)]
     log, assigned = build_log(store_dir, layout, segment_size=1 << 20)
     cqs = ConsumeQueueStore(store_dir / "consumequeue", 300)
-    dispatcher = ParallelDispatcher(log, cqs, None, 0, 3, batch_bytes=4000, inline_bytes=0)
-    tasks = []
-    dispatcher._submit = tasks.append
-    dispatcher._fill(log.write_position)
+    coordinator = Coordinator(3, 0, batch_bytes=4000, inline_bytes=0, index=False)
+    sent = cut_all(log, coordinator, log.write_position)
     builder = BatchBuilder(str(cqs.root), 300, False)
-    for task in tasks[1:]:
-        dispatcher._complete(builder.build(task), {})
-    assert dispatcher.dispatched_offset == 0  # batch 0 never answered
+    for command in sent[1:]:
+        assert coordinator.answered(command.worker, builder.build(command.task)) == []  # batch 0 never answered
     builder.close()
     cqs.close()
     on_disk = ConsumeQueueStore(store_dir / "consumequeue", 300)
-    assert on_disk.covered_offset() > tasks[0].end  # the sequential rule would restart past batch 0
+    assert on_disk.covered_offset() > sent[0].task.end  # the sequential rule would restart past batch 0
     on_disk.close()
-    Checkpoint(confirm_phy_offset=dispatcher.dispatched_offset).save(store_dir / "checkpoint")
+    Checkpoint(confirm_phy_offset=0).save(store_dir / "checkpoint")  # nothing was committed
     (store_dir / "abort").write_text("1")  # the process died
     log.close()
     cfg = StoreConfig(segment_size=1 << 20, consume_queue_units=300, dispatch_workers=2, message_index_enable=False)

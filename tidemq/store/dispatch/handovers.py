@@ -1,5 +1,5 @@
 """The batches whose builder handed units over to other workers, waiting for them to be written
-(see parallel_dispatch).
+(the coordinator's bookkeeping; see coordinator).
 
 A worker building a batch packs the units of another worker's queues it did not write into a
 `UnitsHandover` per owner.  The coordinator forwards each, unopened, to its owner, who writes the

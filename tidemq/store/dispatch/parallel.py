@@ -1,4 +1,10 @@
-"""Parallel, order-preserving dispatch (RIP-52) with worker processes.
+"""Parallel, order-preserving dispatch (RIP-52) with worker processes: the I/O driver.
+
+Every decision below (which batch goes where, when a batch is committed, what a dead worker's
+replacement is sent, when dispatch stalls) is `coordinator.Coordinator`'s, which does no I/O:
+`ParallelDispatcher` cuts the batches from the log, feeds the coordinator what happens (a batch
+cut or built, a worker's answers, its death) and carries out the commands it returns (sends over
+the pipes, builds on this thread, commits into the queues and the key index, starts processes).
 
 CPython threads would serialise on the GIL, so the work runs in **worker processes** that share
 the store's files through their own mappings:
@@ -52,7 +58,7 @@ often, the coordinator builds every batch itself and writes the units handed ove
 gave up.  A worker whose coordinator died stops before writing a batch, handed-over units, or to
 the index.
 
-Batches are backlog / (4 × workers), between `MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
+Batches are backlog / (4 × workers), between `coordinator.MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
 small beside its records) and `batch_bytes`, with up to 3 × workers sent and not answered, so that
 one slow batch does not leave the other workers idle, and up to 8 × workers not committed, so that
 batches built while the head waits for its index append do not leave the workers without work.
@@ -91,8 +97,6 @@ import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import StoreIOError
 from ..format import record
 from ..format.scan import scan
@@ -102,12 +106,26 @@ from . import trickle
 from .batch_cut import batch_end
 from .builder import NO_SPACE, NO_SPACE_ERRNOS, BatchBuilder, ThreadBuilder
 from .commit import QueueCommitter
-from .handovers import Handovers
-from .index_appends import APPENDED, FAILED, IndexAppends
-from .messages import BatchResult, BatchTask, IndexAppend, IndexAppended, QueueRuns, UnitsWritten
+from .coordinator import (
+    AppendProgress,
+    AskAppend,
+    BuildHere,
+    Command,
+    Commit,
+    Coordinator,
+    Forward,
+    Respawn,
+    Retire,
+    Send,
+    Stall,
+    UndoIndex,
+    WriteHere,
+)
+from .index_appends import append_request, undo
+from .messages import BatchResult, BatchTask, IndexAppended, UnitsWritten
 from .requests import ArrivalListener, DispatchBatch, QueueKey, dispatch_to, notify_listeners
 from .sequential import DispatchStats, reads_keys
-from .workers import WorkerPool, WorkerProcess
+from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -118,21 +136,6 @@ log = logging.getLogger(__name__)
 # (workers.RESULT_PIPE_BYTES).
 DEFAULT_BATCH_BYTES = 16 << 20
 DEFAULT_INLINE_BYTES = 64 << 10
-# a batch's fixed costs (its messages, the head's index-append round trip, a worker's setup)
-# outweigh the work on its records below this size, so the tail of a large backlog is not cut
-# into smaller batches
-MIN_BATCH_BYTES = 1 << 20
-BATCHES_PER_WORKER = 4  # a backlog is cut in batches of backlog / (this x workers)
-UNBUILT_PER_WORKER = 3  # batches sent to workers and not answered yet, per worker
-# batches cut and not committed yet, per worker: built ones wait at the head for the index
-# appends before them (one at a time, each when its worker reaches a point where it reads), so
-# more are cut than are unbuilt, or the workers wait for want of a batch
-OUTSTANDING_PER_WORKER = 8
-MAX_WORKER_DEATHS_IN_A_ROW = 4
-
-
-# ---------------------------------------------------------------------------------------------
-# The coordinator
 
 
 @dataclass(slots=True)
@@ -142,6 +145,41 @@ class SinkProgress:
 
     offset: int
     last_store_timestamp: int = 0
+
+
+def commit_batch(
+    committer: QueueCommitter, key_index, result: BatchResult, changes: dict[QueueKey, int], listeners: bool
+) -> None:
+    """Commit the head batch: append its index entries (`append_index_of`), then commit its
+    queue runs (`changes`: the queues moved, the fast path's only when `listeners`)."""
+    append_index_of(key_index, result)
+    if len(result.queues):
+        committer.commit(result.queues, changes, listeners)
+
+
+def append_index_of(key_index, result: BatchResult) -> None:
+    """Append the head batch's index entries (those no worker holds), or note the index built up
+    to its end.  Before the queues are committed: on a full disk the batch is built again, whole."""
+    if key_index is not None and len(result.index_hashes):
+        key_index.append_entries(result.index_hashes, result.index_phys, result.index_timestamps, result.end)
+    elif key_index is not None:
+        key_index.indexed_until = max(key_index.indexed_until, result.end)
+
+
+def no_space(exc: BaseException) -> str | None:
+    """What a full disk's error says (`builder.NO_SPACE` first), or None for another error."""
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+        return f"{NO_SPACE}: {exc.strerror or exc}"
+    return None
+
+
+def apply_append_progress(key_index, progress: AppendProgress) -> None:
+    """What a worker's index append says of the key index: its newest store time, and the next
+    file to start when the newest is full."""
+    if progress.last_timestamp:
+        key_index.last_store_timestamp = progress.last_timestamp
+    if progress.next_file_at is not None:
+        key_index.start_file(progress.next_file_at)
 
 
 class ParallelDispatcher:
@@ -160,8 +198,9 @@ class ParallelDispatcher:
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         inline_bytes: int = DEFAULT_INLINE_BYTES,
     ) -> None:
-        if workers < 0:
-            raise ValueError(f"dispatch workers must be 0 (the dispatch thread alone) or more, not {workers}")
+        self.coordinator = Coordinator(
+            workers, start_offset, batch_bytes=batch_bytes, inline_bytes=inline_bytes, index=key_index is not None
+        )
         self.commit_log = commit_log
         self.queues = queues
         self.key_index = key_index
@@ -169,24 +208,13 @@ class ParallelDispatcher:
         self.extra_sinks: list = []  # other sinks get DispatchRequests in log order (decoded here)
         self._extra_keys = False  # whether one of them reads the key index's keys (`reads_keys`)
         self.worker_count = workers
-        self.batch_bytes = batch_bytes
-        self.inline_bytes = inline_bytes
         self.dispatched_offset = start_offset
         self._last_records: tuple[int, int] | None = None  # [begin, end) of the newest run holding records
         self.listeners: list[ArrivalListener] = []
         self.stats = DispatchStats()
         self.progress = {sink.name: SinkProgress(start_offset) for sink in self.sinks}
         self.limit_source: Callable[[], int] | None = None  # re-read while dispatching, if set
-        self._cut_offset = start_offset
-        self._next_id = 0
-        self._head_id = 0
-        self._tasks: dict[int, BatchTask] = {}  # outstanding: cut, not yet processed in order
-        self._done: dict[int, BatchResult] = {}  # built inline (or empty), not yet collected
-        self._answers: dict[int, BatchResult] = {}  # answered out of order, waiting to be the head
-        self._handovers = Handovers(self._forward)
-        self._appends = IndexAppends(key_index, commit_log, self._send_append)
         self._committer = QueueCommitter(queues)
-        self._blank_ends: dict[int, int] = {}  # batch id -> segment end, for an empty batch at a blank
         self._stalled = False
         self._no_space: str | None = None  # why the stall: the disk is full (raised by dispatch_until)
         self._waits_at = -1  # where a batch last waited for disk space
@@ -194,17 +222,47 @@ class ParallelDispatcher:
             workers, str(queues.root), queues.units_per_file, queues.file_sizes, key_index is not None
         )
         self._builder: BatchBuilder | None = None
-        self.inline_batches = 0
         self.trickles = 0  # rounds of a few records dispatched without a batch (`trickle`)
-        self.worker_batches = 0
-        self.handovers_forwarded = 0  # units handed over by one worker, forwarded to their owner
-        self.workers_restarted = 0
-        self._deaths_in_a_row = 0  # worker deaths since a worker last answered
-        # no workers (none asked for, or they died too often): every batch is built on this thread
-        self._inline_only = workers == 0
+        self._failed: str | None = None  # why the last commit failed
         self._closed = False
 
     # -- the public face of Dispatcher ---------------------------------------------------------
+
+    @property
+    def batch_bytes(self) -> int:
+        return self.coordinator.batch_bytes
+
+    @property
+    def inline_bytes(self) -> int:
+        return self.coordinator.inline_bytes
+
+    @inline_bytes.setter
+    def inline_bytes(self, value: int) -> None:
+        self.coordinator.inline_bytes = value
+
+    @property
+    def inline_batches(self) -> int:
+        """Batches built on the dispatch thread."""
+        return self.coordinator.inline_batches
+
+    @property
+    def worker_batches(self) -> int:
+        """Batches sent to worker processes."""
+        return self.coordinator.worker_batches
+
+    @property
+    def handovers_forwarded(self) -> int:
+        """Units handed over by one worker, forwarded to their owner."""
+        return self.coordinator.handovers_forwarded
+
+    @property
+    def workers_restarted(self) -> int:
+        return self.coordinator.workers_restarted
+
+    @property
+    def worker_appends(self) -> int:
+        """Index appends done by workers (IndexAppended answers)."""
+        return self.coordinator.worker_appends
 
     def add_sink(self, sink) -> None:
         self.extra_sinks.append(sink)
@@ -215,38 +273,40 @@ class ParallelDispatcher:
     def dispatch_until(self, limit: int, notify: bool = True) -> int:
         """Dispatch every record wholly below `limit` (and below what `limit_source` says when
         set); returns how many records were dispatched in order."""
+        coordinator = self.coordinator
         total = 0
         while True:
             if self.limit_source is not None:
                 limit = max(limit, self.limit_source())
-            if not self._tasks and limit - self._cut_offset <= trickle.MAX_BYTES:
-                before = self._cut_offset
+            if not coordinator.outstanding and limit - coordinator.cut_offset <= trickle.MAX_BYTES:
+                before = coordinator.cut_offset
                 changes: dict[QueueKey, int] = {}
                 total += self._trickle(limit, changes)
                 if notify and changes:
                     notify_listeners(self.listeners, changes)
-                if self._cut_offset != before:
+                if coordinator.cut_offset != before:
                     continue
             self._fill(limit)
-            if not self._tasks:
+            if not coordinator.outstanding:
                 return total
             changes = {}
-            for result in self._collect():
-                total += self._complete(result, changes)
+            total += self._collect(changes)
             if notify and changes:
                 notify_listeners(self.listeners, changes)
             if self._stalled:
                 self._stalled = False
                 if self._no_space is not None:  # the store's dispatch loop says so once and waits
                     error, self._no_space = self._no_space, None
-                    raise StoreIOError(errno.ENOSPC, f"dispatch waits at commit-log offset {self._cut_offset}: {error}")
+                    raise StoreIOError(
+                        errno.ENOSPC, f"dispatch waits at commit-log offset {coordinator.cut_offset}: {error}"
+                    )
                 return total
 
     def _trickle(self, limit: int, changes: dict[QueueKey, int]) -> int:
         """With nothing in flight, dispatch the few records from the cut offset on this thread
         (`trickle`); returns how many.  When it moved nothing, the batch path takes what is
         there."""
-        begin = self._cut_offset
+        begin = self.coordinator.cut_offset
         if begin >= limit or begin < self.commit_log.min_offset:
             return 0
         segment = self.commit_log.segment_for(begin)
@@ -258,7 +318,7 @@ class ParallelDispatcher:
         if end == begin:
             return 0
         self.trickles += 1
-        self._cut_offset = end
+        self.coordinator.trickled(end)
         self._dispatched(begin, end, records, last_timestamp, changes)
         return records
 
@@ -304,98 +364,158 @@ class ParallelDispatcher:
 
     # -- cutting batches ---------------------------------------------------------------------------
 
-    def _cut(self, limit: int, size: int) -> BatchTask | None:
-        """The next batch from `_cut_offset` (a record boundary), or None if no whole record is
-        readable there.  Its end is the first record boundary at or after `size` bytes, found by
-        looking for a record header that names its own position (magic code, PHYSICALOFFSET),
-        not by walking every record: the worker's walk confirms it (`_advance`)."""
-        offset = self._cut_offset
-        if offset < limit and offset < self.commit_log.min_offset:
-            offset = self._cut_offset = self.commit_log.min_offset
-            if not self._tasks:
-                self.dispatched_offset = offset
-        segment = self.commit_log.segment_for(offset)
-        if segment is None:
-            return None
-        mm = segment.mm
-        base = segment.start
-        seg_end = segment.end
-        pos = offset - base
-        hard_stop = min(limit, seg_end) - base
-        if pos >= hard_stop or pos + 8 > segment.size:
-            return None
-        if record.closes_segment(mm, pos, segment.size):
-            # an empty batch moves the dispatched offset past the blank
-            task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, offset)
-            self._next_id += 1
-            self._blank_ends[task.batch_id] = seg_end
-            self._cut_offset = seg_end
-            return task
-        end = batch_end(mm, base, pos, hard_stop, size)
-        if end is None:
-            return None  # not written yet, or damage the sequential walk reports; never skip past it
-        task = BatchTask(self._next_id, str(segment.path), base, segment.size, offset, base + end)
-        self._next_id += 1
-        self._cut_offset = base + end
-        return task
-
     def _fill(self, limit: int) -> None:
-        inline = self._inline_only
-        # on this thread alone, one whole batch at a time (no worker to keep busy, fewer files to
-        # look up): each is committed, and its listeners told, as soon as it is built
-        max_outstanding = 1 if inline else OUTSTANDING_PER_WORKER * self.worker_count
-        max_unbuilt = UNBUILT_PER_WORKER * max(self.worker_count, 1)
-        while len(self._tasks) < max_outstanding and self._cut_offset < limit and self._pool.unbuilt() < max_unbuilt:
-            backlog = limit - self._cut_offset
-            # several batches per worker, so that one slow batch does not idle the others
-            size = (
-                self.batch_bytes
-                if inline
-                else min(
-                    self.batch_bytes,
-                    max(self.inline_bytes, MIN_BATCH_BYTES, backlog // (BATCHES_PER_WORKER * self.worker_count)),
-                )
-            )
-            task = self._cut(limit, size)
-            if task is None:
+        """Cut batches while the coordinator wants more, and carry out where each goes."""
+        coordinator = self.coordinator
+        if coordinator.cut_offset < limit and coordinator.cut_offset < self.commit_log.min_offset:
+            coordinator.skip_to(self.commit_log.min_offset)  # retention removed the log below
+            if not coordinator.outstanding:
+                self.dispatched_offset = coordinator.cut_offset
+        while (size := coordinator.next_cut(limit)) is not None:
+            cut = self._cut(limit, size)
+            if cut is None:
                 break
-            self._tasks[task.batch_id] = task
-            if task.end == task.begin:
-                self._done[task.batch_id] = self._empty_result(task)
-            elif inline or (backlog <= self.inline_bytes and len(self._tasks) == 1):
-                self._done[task.batch_id] = self._build_inline(task)
+            task, resume = cut
+            self._run(coordinator.cut(task, limit, resume), {})
+
+    def _cut(self, limit: int, size: int) -> tuple[BatchTask, int | None] | None:
+        return cut_batch(self.commit_log, self.coordinator.next_id, self.coordinator.cut_offset, limit, size)
+
+    # -- carrying out the coordinator's commands -----------------------------------------------------
+
+    def _run(self, commands: list[Command], changes: dict[QueueKey, int]) -> int:
+        """Carry out `commands` in order; returns the records committed."""
+        records = 0
+        for command in commands:
+            if isinstance(command, Commit):
+                committed = self._commit(command, changes)
+                if committed is None:  # it failed: the commands after it are void
+                    return records + self._run(self.coordinator.commit_failed(command.task, self._failed), changes)
+                records += committed
+            elif isinstance(command, Send):
+                self.start_workers()
+                self._send(command.worker, command.task)
+            elif isinstance(command, AskAppend):
+                self._send(command.worker, append_request(self.key_index, command.batch_id))
+            elif isinstance(command, Forward):
+                self._send(command.worker, command.payload, pickled=True)
+            elif isinstance(command, BuildHere):
+                self.coordinator.built_here(self.inline_builder().build(command.task))
+            elif isinstance(command, AppendProgress):
+                apply_append_progress(self.key_index, command)
+            elif isinstance(command, WriteHere):
+                if command.error is not None:
+                    worker = self._pool.numbered(command.worker) if command.worker is not None else None
+                    log.error(
+                        "dispatch worker %s could not write the units handed over by batch %d: %s; "
+                        "writing them on the dispatch thread",
+                        worker.pid if worker is not None else command.worker,
+                        command.batch_id,
+                        command.error,
+                    )
+                try:
+                    self.inline_builder().write_handover(pickle.loads(command.payload))
+                except OSError as exc:
+                    error = no_space(exc)
+                    if error is None:
+                        raise
+                    # the commands after it are void: every outstanding batch is dropped
+                    return records + self._run(self.coordinator.no_space_here(error), changes)
+            elif isinstance(command, UndoIndex):
+                undo(self.key_index, self.commit_log, command.task.begin)
+                if command.error is not None:
+                    log.error(
+                        "dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
+                        "building them on the dispatch thread",
+                        command.task.begin,
+                        command.task.end,
+                        command.error,
+                    )
+            elif isinstance(command, Stall):
+                self._stalled = True
+                if command.no_space is not None:
+                    if command.offset != self._waits_at:  # said once for each place it waits at
+                        log.warning(
+                            "dispatch: the batch at commit-log offset %d waits for disk space (%s)",
+                            command.offset,
+                            command.no_space,
+                        )
+                        self._waits_at = command.offset
+                    self._no_space = command.no_space
+            elif isinstance(command, Respawn):
+                self._respawn(command)
+            elif isinstance(command, Retire):
+                self._retire(command)
             else:
-                self._submit(task)
+                raise AssertionError(f"unknown command {command!r}")
+        return records
 
-    def _empty_result(self, task: BatchTask) -> BatchResult:
-        return BatchResult(
-            task.batch_id,
-            task.begin,
-            self._blank_ends.pop(task.batch_id, task.end),
-            None,
-            0,
-            0,
-            QueueRuns.empty(),
-            np.zeros(0, np.int32),
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int64),
+    def _commit(self, command: Commit, changes: dict[QueueKey, int]) -> int | None:
+        """Carry out a commit; None if its index entries could not be appended for want of disk
+        space (`_failed` says why); another error is raised, the batch dropped first."""
+        head = command.result
+        try:
+            append_index_of(self.key_index, head)
+        except Exception as exc:
+            self._failed = no_space(exc)
+            if self._failed is not None:
+                return None
+            self._run(self.coordinator.commit_failed(command.task, None), changes)  # built again when retried
+            raise
+        if len(head.queues):
+            self._committer.commit(head.queues, changes, bool(self.listeners))
+        self._dispatched(command.task.begin, head.end, head.records, head.last_store_timestamp, changes)
+        if head.error is not None:
+            log.error("dispatch stopped at commit-log offset %d: %s", head.end, head.error)
+        return head.records
+
+    def _send(self, number: int, message, pickled: bool = False) -> None:
+        worker = self._pool.numbered(number)
+        if worker is None:
+            raise AssertionError(f"no dispatch worker {number}")
+        try:
+            if pickled:
+                worker.conn.send_bytes(message)
+            else:
+                worker.conn.send(message)
+        except (OSError, EOFError):
+            pass  # a dead worker is noticed, and what it was sent sent again, by _collect
+
+    def _respawn(self, command: Respawn) -> None:
+        dead = self._pool.numbered(command.worker)
+        assert dead is not None
+        log.warning(
+            "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
+            dead.pid,
+            dead.process.returncode,
+            command.batches,
         )
+        self._pool.replace(dead)
 
-    def _inline_builder(self) -> BatchBuilder:
+    def _retire(self, command: Retire) -> None:
+        dead = self._pool.numbered(command.worker)
+        assert dead is not None
+        if command.first:
+            log.error(
+                "dispatch workers died %d times in a row without answering (last: pid %s, exit code %s); "
+                "building the indexes on the dispatch thread from now on",
+                command.deaths,
+                dead.pid,
+                dead.process.returncode,
+            )
+        self._pool.remove(dead)
+
+    def inline_builder(self) -> BatchBuilder:
         """The dispatch thread's builder: it owns every queue (no units handed over)."""
         if self._builder is None:
             self._builder = ThreadBuilder(self.queues, self.key_index is not None)
         return self._builder
 
-    def _build_inline(self, task: BatchTask) -> BatchResult:
-        self.inline_batches += 1
-        return self._inline_builder().build(task)
-
     # -- workers -------------------------------------------------------------------------------------
 
     def start_workers(self) -> None:
         """Start the worker processes now rather than on the first large backlog."""
-        if not self._inline_only and self._pool.start():
+        if not self.coordinator.inline_only and self._pool.start():
             log.info("dispatch: started %d worker processes", self.worker_count)
 
     def wait_ready(self) -> None:
@@ -404,34 +524,20 @@ class ParallelDispatcher:
         self.start_workers()
         self._pool.wait_ready()
 
-    def _submit(self, task: BatchTask) -> None:
-        self.start_workers()
-        worker = self._pool.least_busy()
-        worker.tasks[task.batch_id] = task
-        self.worker_batches += 1
-        try:
-            worker.conn.send(task)
-        except (OSError, EOFError):
-            pass  # a dead worker is noticed and replaced by _collect
-
     def worker_pids(self) -> list[int]:
         return self._pool.pids()
 
-    @property
-    def worker_appends(self) -> int:
-        """Index appends done by workers (IndexAppended answers)."""
-        return self._appends.count
-
-    def _collect(self) -> list[BatchResult]:
-        """Answers that are ready (waiting for at least one if none is)."""
-        results = [self._done.pop(i) for i in sorted(self._done)]
-        if results:
-            return results
-        # one append at a time: the head's
-        if not self._pool.owes_answers(self._appends.waited_on()):
-            return results
+    def _collect(self, changes: dict[QueueKey, int]) -> int:
+        """Take the answers that are ready (waiting for at least one if none is) and carry out
+        what follows; returns the records committed."""
+        coordinator = self.coordinator
+        if coordinator.has_done:
+            return self._run(coordinator.take_done(), changes)
+        if not coordinator.awaiting_workers:
+            return 0
+        total = 0
         # every worker's pipe is registered (`WorkerPool.ready`): one that is not busy has nothing
-        # to say, or says it died, or answers for a batch since dropped (ignored below)
+        # to say, or says it died, or answers for a batch since dropped (ignored by the coordinator)
         for worker in self._pool.ready():
             if not self._pool.watching(worker):
                 continue  # replaced meanwhile
@@ -439,239 +545,21 @@ class ParallelDispatcher:
                 messages = worker.conn.take()
             except (EOFError, OSError):  # the pipe closed: the worker died
                 worker.process.wait()
-                self._replace(worker)
+                self._pool.retire(worker)
+                total += self._run(coordinator.worker_died(worker.number), changes)
                 continue
-            if messages:
-                self._deaths_in_a_row = 0
-            for result in messages:
-                kind = type(result)
+            for message in messages:
+                kind = type(message)
                 if kind is IndexAppended:
-                    results.append(result)
+                    commands = coordinator.index_appended(message)
                 elif kind is UnitsWritten:
-                    payload = worker.handovers.pop(result.batch_id, None)
-                    if payload is not None:
-                        if result.error is not None and result.error.startswith(NO_SPACE):
-                            self._wait_for_space(self.dispatched_offset, result.error)
-                            return results
-                        if result.error is not None:
-                            log.error(
-                                "dispatch worker %s could not write the units handed over by batch %d: %s; "
-                                "writing them on the dispatch thread",
-                                worker.pid,
-                                result.batch_id,
-                                result.error,
-                            )
-                            if not self._write_handover_here(payload):
-                                return results
-                        built = self._handovers.written(result.batch_id, worker.number)
-                        if built is not None:
-                            results.append(built)
-                elif worker.tasks.pop(result.batch_id, None) is not None:
-                    self._appends.held(result, worker)
-                    if self._handovers.hand_over(result):
-                        results.append(result)
-        return results
-
-    # -- units handed over between workers -------------------------------------------------------
-
-    def _forward(self, owner: int, batch_id: int, payload: bytes) -> bool:
-        """Send units handed over to worker `owner`; True if it was sent (its answer is awaited),
-        False if they were written here (that worker is gone: workers have given way)."""
-        worker = self._pool.numbered(owner)
-        if worker is None:
-            self._write_handover_here(payload)  # (on a full disk every batch is dropped, to be cut again)
-            return False
-        worker.handovers[batch_id] = payload
-        self.handovers_forwarded += 1
-        try:
-            worker.conn.send_bytes(payload)
-        except (OSError, EOFError):
-            pass  # a dead worker is noticed and replaced by _collect, which sends them again
-        return True
-
-    def _write_handover_here(self, payload: bytes) -> bool:
-        """Write units handed over on this thread; False if the disk had no room for them: then
-        every outstanding batch is dropped, and dispatch waits for space (`_wait_for_space`)."""
-        try:
-            self._inline_builder().write_handover(pickle.loads(payload))
-        except OSError as exc:
-            if exc.errno not in NO_SPACE_ERRNOS:
-                raise
-            self._wait_for_space(self.dispatched_offset, f"{NO_SPACE}: {exc.strerror or exc}")
-            return False
-        return True
-
-    def _replace(self, dead: WorkerProcess) -> None:
-        self._pool.retire(dead)
-        self._deaths_in_a_row += 1
-        # the batches whose index entries died with it are built again, with its unanswered ones
-        for batch_id in self._appends.died(dead, self._tasks):
-            self._answers.pop(batch_id, None)
-            self._handovers.rebuilding(batch_id)
-            dead.tasks[batch_id] = self._tasks[batch_id]
-        if self._deaths_in_a_row >= MAX_WORKER_DEATHS_IN_A_ROW:
-            # workers that cannot finish a batch (a broken install, no memory): stop starting
-            # them, and build on this thread, slower but without losing or reordering anything
-            if not self._inline_only:
-                log.error(
-                    "dispatch workers died %d times in a row without answering (last: pid %s, exit code %s); "
-                    "building the indexes on the dispatch thread from now on",
-                    self._deaths_in_a_row,
-                    dead.pid,
-                    dead.process.returncode,
-                )
-            self._inline_only = True
-            self._pool.remove(dead)
-            for batch_id, payload in sorted(dead.handovers.items()):
-                if not self._write_handover_here(payload):
-                    return
-                built = self._handovers.written(batch_id, dead.number)
-                if built is not None:
-                    self._done[batch_id] = built
-            for batch_id, task in sorted(dead.tasks.items()):
-                self._done[batch_id] = self._build_inline(task)
-            return
-        log.warning(
-            "dispatch worker %s died (exit code %s); rebuilding its %d batch(es) in a new one",
-            dead.pid,
-            dead.process.returncode,
-            len(dead.tasks),
-        )
-        replacement = self._pool.replace(dead)
-        self.workers_restarted += 1
-        # the units handed over to it and not yet written first: the head may be waiting for them
-        for batch_id, payload in sorted(dead.handovers.items()):
-            replacement.handovers[batch_id] = payload
-            replacement.conn.send_bytes(payload)
-        for batch_id, task in sorted(dead.tasks.items()):
-            replacement.tasks[batch_id] = task
-            replacement.conn.send(task)
-
-    # -- completing batches ----------------------------------------------------------------------------
-
-    def _complete(self, result: BatchResult | IndexAppended, changes: dict[QueueKey, int]) -> int:
-        """Keep a batch's answer (they come in any order), or take a worker's index append
-        answer; then process every batch now at the head, in order."""
-        appends = self._appends
-        if type(result) is IndexAppended:
-            if result.batch_id != appends.appending:
-                return 0  # for a batch since dropped or built again
-            task = self._tasks[result.batch_id]
-            outcome = appends.answered(result, task.begin)
-            # the disk had no room for the entries, or for the batch itself (the worker answered
-            # it built nothing as it was asked to append): wait for space, and build it again
-            built = self._answers.get(result.batch_id)
-            no_space = [e for e in (result.error, built and built.error) if e and e.startswith(NO_SPACE)]
-            if outcome == FAILED and no_space:
-                self._wait_for_space(task.begin, no_space[0])
-                return 0
-            if outcome == FAILED:
-                # build and append it on this thread (the worker's answer, should it come, is
-                # ignored: it no longer holds entries)
-                log.error(
-                    "dispatch worker could not append the index entries of commit-log offsets [%d, %d): %s; "
-                    "building them on the dispatch thread",
-                    task.begin,
-                    task.end,
-                    result.error,
-                )
-                self._answers[result.batch_id] = self._build_inline(task)
-            elif outcome != APPENDED:
-                return 0
-        elif result.batch_id not in self._tasks:
-            return 0  # from a generation that was discarded
-        elif appends.lost(result):
-            return 0  # its worker died after answering: the batch is being built again
-        else:
-            self._answers[result.batch_id] = result
-        total = 0
-        while appends.appending is None and self._head_id in self._answers:
-            head = self._answers[self._head_id]
-            if appends.owed(head):
-                # its worker appends its index entries first; the head waits for the answer
-                appends.start(head.batch_id)
-                break
-            total += self._advance(self._answers.pop(self._head_id), changes)
-        if appends.appending is None and self.key_index is not None and self._head_id in self._tasks:
-            # the head is not built yet: its worker is asked now, and appends as soon as it has
-            # built it, instead of when its answer has come here and the request gone back (by
-            # then it is in the middle of its next batch, and the chain of appends, one batch
-            # at a time, fell behind 2 workers' builds)
-            builder = self._pool.building(self._head_id)
-            if builder is not None:
-                appends.start(self._head_id, builder)
+                    commands = coordinator.units_written(worker.number, message.batch_id, message.error)
+                else:
+                    commands = coordinator.answered(worker.number, message)
+                total += self._run(commands, changes)
         return total
 
-    def _send_append(self, worker: WorkerProcess, request: IndexAppend) -> None:
-        try:
-            worker.conn.send(request)
-        except (OSError, EOFError):
-            pass  # a dead worker is noticed and replaced by _collect
-
-    def _advance(self, head: BatchResult, changes: dict[QueueKey, int]) -> int:
-        """`head` is the oldest outstanding batch: append its index entries (as a worker appends
-        them before its answer is processed), commit its slots (every earlier batch is committed,
-        so each queue's run starts at its frontier, or starts the queue), move the dispatched
-        offset."""
-        task = self._tasks[head.batch_id]
-        end = head.end
-        if head.error is not None and head.error.startswith(NO_SPACE):
-            self._wait_for_space(task.begin, head.error)
-            return 0
-        if self.key_index is not None and len(head.index_hashes):
-            # before the queues are committed: on a full disk the batch is built again, whole
-            try:
-                self.key_index.append_entries(head.index_hashes, head.index_phys, head.index_timestamps, end)
-            except Exception as exc:
-                if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
-                    self._wait_for_space(task.begin, f"{NO_SPACE}: {exc.strerror or exc}")
-                    return 0
-                self._discard_after(task.begin)  # built again, from its beginning, when dispatch is retried
-                raise
-        elif self.key_index is not None:
-            self.key_index.indexed_until = max(self.key_index.indexed_until, end)
-        del self._tasks[head.batch_id]
-        self._handovers.processed(head.batch_id)
-        self._appends.processed(head.batch_id)
-        self._head_id += 1
-        if len(head.queues):
-            self._committer.commit(head.queues, changes, bool(self.listeners))
-        self._dispatched(task.begin, end, head.records, head.last_store_timestamp, changes)
-        if head.error is not None:
-            log.error("dispatch stopped at commit-log offset %d: %s", end, head.error)
-            self._discard_after(end)
-        elif end != task.end:
-            # the walk did not land on the batch's end: the rest of the log is not readable yet,
-            # or the cut took bytes inside a record for a header; cut again from where it stopped
-            self._discard_after(end)
-        return head.records
-
-    def _wait_for_space(self, begin: int, error: str) -> None:
-        """The disk had no room for a batch from `begin` (the head): forget it and every later
-        one, and stall there; `dispatch_until` raises StoreIOError (ENOSPC), and the next call
-        cuts again from `begin`.  Units written meanwhile are written again, at the same slots."""
-        if begin != self._waits_at:  # said once for each place it waits at
-            log.warning("dispatch: the batch at commit-log offset %d waits for disk space (%s)", begin, error)
-            self._waits_at = begin
-        self._discard_after(begin)
-        self._no_space = error
-
-    def _discard_after(self, end: int) -> None:
-        """Forget every later batch (written, but never committed) and cut again from `end`;
-        dispatch stalls at a damaged record as the sequential dispatcher does."""
-        for batch_id in list(self._tasks):
-            self._tasks.pop(batch_id)
-            self._blank_ends.pop(batch_id, None)
-        self._answers.clear()
-        self._done.clear()
-        self._appends.clear()
-        self._handovers.clear()
-        self._pool.forget_batches()  # the workers' answers, when they come, are ignored
-        self._head_id = self._next_id
-        self._cut_offset = end
-        self._stalled = True
-
-    # -- lag and closing ------------------------------------------------------------------------------
+    # -- closing ------------------------------------------------------------------------------------
 
     def close(self) -> None:
         if self._closed:
@@ -681,6 +569,32 @@ class ParallelDispatcher:
         if self._builder is not None:
             self._builder.close()
             self._builder = None
+
+
+def cut_batch(
+    commit_log: CommitLog, batch_id: int, offset: int, limit: int, size: int
+) -> tuple[BatchTask, int | None] | None:
+    """Batch `batch_id` from commit-log offset `offset` (a record boundary), and where the one
+    after starts if not at its end (past the blank closing a segment); None if no whole record
+    below `limit` is readable there.  Its end is the first record boundary at or after `size`
+    bytes, found by looking for a record header that names its own position (magic code,
+    PHYSICALOFFSET), not by walking every record: the builder's walk confirms it."""
+    segment = commit_log.segment_for(offset)
+    if segment is None:
+        return None
+    mm = segment.mm
+    base = segment.start
+    pos = offset - base
+    hard_stop = min(limit, segment.end) - base
+    if pos >= hard_stop or pos + 8 > segment.size:
+        return None
+    if record.closes_segment(mm, pos, segment.size):
+        # an empty batch moves the dispatched offset past the blank
+        return BatchTask(batch_id, str(segment.path), base, segment.size, offset, offset), segment.end
+    end = batch_end(mm, base, pos, hard_stop, size)
+    if end is None:
+        return None  # not written yet, or damage the sequential walk reports; never skip past it
+    return BatchTask(batch_id, str(segment.path), base, segment.size, offset, base + end), None
 
 
 def _read_batch(commit_log: CommitLog, begin: int, end: int, keys: bool) -> DispatchBatch:

@@ -188,7 +188,7 @@ class WorkerProcess:
     two pipes): a fresh interpreter, so the threaded store process is never forked and the
     caller's main module is never re-imported."""
 
-    __slots__ = ("number", "process", "conn", "tasks", "handovers")
+    __slots__ = ("number", "process", "conn")
 
     def __init__(
         self,
@@ -245,12 +245,10 @@ class WorkerProcess:
             os.close(from_child_w)
         self.conn = Channel(from_child_r, to_child_w)
         self.number = number  # it owns the queues `owner_of` gives `number` (a replacement takes its number)
-        self.tasks: dict[int, BatchTask] = {}
-        self.handovers: dict[int, bytes] = {}  # batch id -> units handed over to it (pickled), not yet written
         try:
             self.conn.send(file_sizes)  # the worker's first message (see worker_main)
         except OSError:
-            pass  # it died at once: noticed and replaced by ParallelDispatcher._collect
+            pass  # it died at once: its closed pipe tells the coordinator
 
     @property
     def pid(self) -> int:
@@ -310,23 +308,8 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [w.pid for w in self.workers]
 
-    def least_busy(self) -> WorkerProcess:
-        return min(self.workers, key=lambda w: len(w.tasks))
-
     def numbered(self, number: int) -> WorkerProcess | None:
         return next((w for w in self.workers if w.number == number), None)
-
-    def building(self, batch_id: int) -> WorkerProcess | None:
-        return next((w for w in self.workers if batch_id in w.tasks), None)
-
-    def unbuilt(self) -> int:
-        """Batches sent and not answered yet."""
-        return sum(len(w.tasks) for w in self.workers)
-
-    def owes_answers(self, appending: WorkerProcess | None) -> bool:
-        """Whether a worker has something to answer: a batch, units handed over, or the append
-        it was asked for (`appending`)."""
-        return any(w.tasks or w.handovers or w is appending for w in self.workers)
 
     def ready(self) -> list[WorkerProcess]:
         """The workers whose answer pipes have something to read (or have closed), waiting for
@@ -353,12 +336,6 @@ class WorkerPool:
 
     def remove(self, dead: WorkerProcess) -> None:
         self.workers.remove(dead)
-
-    def forget_batches(self) -> None:
-        """Forget what every worker was sent (their answers, when they come, are ignored)."""
-        for worker in self.workers:
-            worker.tasks.clear()
-            worker.handovers.clear()
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask every worker to stop, wait up to `timeout` seconds for all of them, kill the rest."""
