@@ -58,8 +58,8 @@ often, the coordinator builds every batch itself and writes the units handed ove
 gave up.  A worker whose coordinator died stops before writing a batch, handed-over units, or to
 the index.
 
-Batches are backlog / (4 × workers), between `coordinator.MIN_BATCH_BYTES` (1 MiB: a batch's fixed costs stay
-small beside its records) and `batch_bytes`, with up to 3 × workers sent and not answered, so that
+Batches are backlog / (4 × workers), between `coordinator.MIN_BATCH_BYTES` (1 MiB: a batch's
+fixed costs stay small beside its records) and `batch_bytes`, with up to 3 × workers sent and not answered, so that
 one slow batch does not leave the other workers idle, and up to 8 × workers not committed, so that
 batches built while the head waits for its index append do not leave the workers without work.
 Both pipes of a worker hold 1 MB; the coordinator's sends block, a worker's never do without
