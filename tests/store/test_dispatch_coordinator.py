@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_parallel_dispatch import build_log, sequential_build
 from trees import same_tree
 
-from tidemq.store.dispatch.builder import BatchBuilder
+from tidemq.store.dispatch.builder import NO_SPACE, BatchBuilder
 from tidemq.store.dispatch.commit import QueueCommitter
 from tidemq.store.dispatch.coordinator import (
     BATCHES_PER_WORKER,
@@ -456,3 +456,27 @@ def test_random_completion_orders_never_show_gaps_and_build_identical_files(
     cqs.close()
     index.close()
     assert same_tree(base / "sequential", base / "parallel") == []
+
+
+def test_a_full_disk_drops_the_head_and_every_later_batch_to_cut_them_again():
+    # a worker built nothing for want of space: the head waits, nothing is committed
+    c = coordinator(workers=2)
+    tasks, _ = cut(c, 3)
+    c.answered(1, answer(tasks[1]))
+    full = f"{NO_SPACE}: No space left on device"
+    commands = c.answered(0, answer(tasks[0], end=tasks[0].begin, error=full))
+    assert commands == [Stall(tasks[0].begin, full)] and c.cut_offset == tasks[0].begin and c.outstanding == 0
+    # units handed over could not be written: back to the head's beginning
+    c = coordinator(workers=2)
+    tasks, _ = cut(c, 2)
+    c.answered(0, answer(tasks[0]))  # committed
+    c.answered(1, answer(tasks[1], handovers=[(0, b"u")]))
+    assert c.units_written(0, 1, full) == [Stall(tasks[1].begin, full)]
+    # the head's commit failed appending its index entries: cut again from its beginning
+    c = coordinator(workers=1)
+    tasks, _ = cut(c, 2)
+    commit = c.answered(0, answer(tasks[0]))[0]
+    assert c.commit_failed(commit.task, full) == [Stall(tasks[0].begin, full)]
+    again, _ = cut(c, 1)
+    assert again[0].begin == tasks[0].begin and again[0].batch_id == 2
+    assert c.answered(0, answer(tasks[1])) == []  # the dropped batch's answer is ignored
