@@ -917,3 +917,47 @@ def test_other_sinks_get_every_request_in_log_order(tmp_path):
     reference.sinks = [type("S", (), {"name": "s", "dispatch": lambda self, reqs, ch: expected.extend(r.commit_log_offset for r in reqs)})()]
     reference.dispatch_until(log.write_position)
     assert recorder.offsets == expected and len(expected) == 500
+
+
+def test_a_sink_that_refuses_a_run_gets_it_again_and_the_offset_waits_for_it(tmp_path):
+    log, _ = build_log(tmp_path / "log", [(f"t{i % 2}", i % 5) for i in range(500)], segment_size=16 * 1024)
+    expected: list[int] = []
+    reference = Dispatcher(log, [], 0)
+    reference.sinks = [type("S", (), {"name": "s", "dispatch": lambda self, reqs, ch: expected.extend(r.commit_log_offset for r in reqs)})()]
+    reference.dispatch_until(log.write_position)
+
+    class Refusing:
+        """Takes every run but refuses each third call once (as a full disk refuses a write)."""
+
+        name = "refusing"
+
+        def __init__(self) -> None:
+            self.offsets: list[int] = []
+            self.calls = 0
+
+        def dispatch(self, requests, changes) -> None:
+            self.calls += 1
+            if self.calls % 3 == 0:
+                raise OSError(28, "No space left on device")
+            self.offsets.extend(r.commit_log_offset for r in requests)
+
+    cqs = ConsumeQueueStore(tmp_path / "cq", 1000)
+    dispatcher = ParallelDispatcher(log, cqs, None, 0, 2, batch_bytes=2000, inline_bytes=0)
+    sink = Refusing()
+    dispatcher.add_sink(sink)
+    refused = 0
+    try:
+        for _ in range(1000):
+            if dispatcher.dispatched_offset == log.write_position:
+                break
+            try:
+                dispatcher.dispatch_until(log.write_position)
+            except OSError:
+                refused += 1
+                first_missing = expected[len(sink.offsets)]
+                assert dispatcher.dispatched_offset <= first_missing  # never past a record the sink lacks
+    finally:
+        dispatcher.close()
+        cqs.close()
+    assert refused > 0
+    assert sink.offsets == expected and len(expected) == 500  # each once, in log order

@@ -210,6 +210,9 @@ class ParallelDispatcher:
         self.worker_count = workers
         self.dispatched_offset = start_offset
         self._last_records: tuple[int, int] | None = None  # [begin, end) of the newest run holding records
+        # runs built into the queues and the key index but not yet into the extra sinks, in log order
+        # (one failed, or follows one that did): the dispatched offset stays at the first one's begin
+        self._owed: list[tuple[int, int]] = []
         self.listeners: list[ArrivalListener] = []
         self.stats = DispatchStats()
         self.progress = {sink.name: SinkProgress(start_offset) for sink in self.sinks}
@@ -275,6 +278,11 @@ class ParallelDispatcher:
         set); returns how many records were dispatched in order."""
         coordinator = self.coordinator
         total = 0
+        if self._owed:  # what a sink refused is retried before anything new is cut
+            paid: dict[QueueKey, int] = {}
+            self._pay_extra_sinks(paid)
+            if notify and paid:
+                notify_listeners(self.listeners, paid)
         while True:
             if self.limit_source is not None:
                 limit = max(limit, self.limit_source())
@@ -340,8 +348,27 @@ class ParallelDispatcher:
     ) -> None:
         """[begin, end) of the log is built into the queues and the key index (`records`
         records, the last stored at `last_timestamp`): tell the other sinks, move the
-        dispatched offset and the statistics."""
+        dispatched offset and the statistics.  When an extra sink raises, the run (and every
+        later one) is owed to the extra sinks and retried by the next `dispatch_until`; the
+        dispatched offset moves only past runs every sink holds."""
+        if records:
+            self._last_records = (begin, end)
+            self.stats.records += records
+            self.stats.last_store_timestamp = self.queues.logics_msg_timestamp = last_timestamp
+            for progress in self.progress.values():
+                progress.last_store_timestamp = last_timestamp
+        self.stats.bytes += end - begin
         if self.extra_sinks and end > begin:
+            self._owed.append((begin, end))
+            self._pay_extra_sinks(changes)
+        else:
+            self._advance(end)
+
+    def _pay_extra_sinks(self, changes: dict[QueueKey, int]) -> None:
+        """Hand the owed runs to the extra sinks in log order, moving the dispatched offset past
+        each; a sink's error is raised with that run still owed (a sink takes a run again whole)."""
+        while self._owed:
+            begin, end = self._owed[0]
             batch = None
             for sink in self.extra_sinks:
                 dispatch_range = getattr(sink, "dispatch_range", None)
@@ -351,13 +378,12 @@ class ParallelDispatcher:
                 if batch is None:
                     batch = _read_batch(self.commit_log, begin, end, self._extra_keys)
                 dispatch_to(sink, batch, changes)
-        if records:
-            self._last_records = (begin, end)
-            self.stats.records += records
-            self.stats.last_store_timestamp = self.queues.logics_msg_timestamp = last_timestamp
-            for progress in self.progress.values():
-                progress.last_store_timestamp = last_timestamp
-        self.stats.bytes += end - begin
+            del self._owed[0]
+            self._advance(end)
+
+    def _advance(self, end: int) -> None:
+        if self._owed:  # never past a run an extra sink does not hold
+            end = min(end, self._owed[0][0])
         self.dispatched_offset = end
         for progress in self.progress.values():
             progress.offset = end
@@ -370,7 +396,7 @@ class ParallelDispatcher:
         if coordinator.cut_offset < limit and coordinator.cut_offset < self.commit_log.min_offset:
             coordinator.skip_to(self.commit_log.min_offset)  # retention removed the log below
             if not coordinator.outstanding:
-                self.dispatched_offset = coordinator.cut_offset
+                self._advance(coordinator.cut_offset)
         while (size := coordinator.next_cut(limit)) is not None:
             cut = self._cut(limit, size)
             if cut is None:
