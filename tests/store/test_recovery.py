@@ -15,6 +15,7 @@ from test_scan import encode, messages
 from tidemq.cli import main as cli_main
 from tidemq.store import CorruptStoreError, Message, MessageStore, StoreConfig, record
 from tidemq.store import _dispatch
+from tidemq.store.log.checkpoint import Checkpoint
 from tidemq.store.log.commit_log import CommitLog
 from tidemq.store.recovery import recover as recovery
 from tidemq.store.recovery.check import check
@@ -96,6 +97,12 @@ def test_consume_queue_entries_past_the_log_end_are_dropped(tmp_path):
 
 def test_flipped_bit_in_the_middle_refuses_to_open_until_repaired_which_keeps_the_records_after_it(tmp_path, capsys):
     results = fill(tmp_path)
+    # the process died when the checkpoint vouched for records 0-5 only: the log is validated from there
+    cp = Checkpoint.load(tmp_path / "checkpoint")
+    cp.logics_physical_offset = results[5].commit_log_offset
+    cp.confirm_phy_offset = cp.index_physical_offset = results[5].commit_log_offset + results[5].size
+    cp.save(tmp_path / "checkpoint")
+    (tmp_path / "abort").write_text("12345")
     victim = results[10]
     path, pos = segment_file(tmp_path, victim.commit_log_offset)
     data = bytearray(path.read_bytes())

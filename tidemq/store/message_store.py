@@ -741,7 +741,12 @@ class MessageStore:
         self.consume_queues.flush()
 
     def save_checkpoint(self) -> None:
+        """Flush the log and the indexes, then record how far each is durable.  The dispatch
+        points are read before the flushes, so that every offset saved is one the files held when
+        they were flushed: recovery trusts what lies below them."""
         position, timestamp = self._last_written
+        last_dispatched = self.dispatcher.last_record_offset()
+        dispatched = self.dispatcher.dispatched_offset
         flushed = self.commit_log.flush()
         self.consume_queues.flush()
         cp = self.checkpoint
@@ -750,12 +755,12 @@ class MessageStore:
         cp.logics_msg_timestamp = max(cp.logics_msg_timestamp, self.consume_queues.logics_msg_timestamp)
         if self.key_index is not None:
             cp.index_msg_timestamp = max(cp.index_msg_timestamp, self.key_index.flush())
+            cp.index_physical_offset = self.key_index.flushed_until
         if self.light_queues is not None:
             self.light_queues.flush()
-        last_dispatched = self.dispatcher.last_record_offset()
         if last_dispatched is not None:  # the queues were flushed above: they hold that record
             cp.logics_physical_offset = max(cp.logics_physical_offset, last_dispatched)
-        cp.confirm_phy_offset = min(flushed, self.dispatcher.dispatched_offset)
+        cp.confirm_phy_offset = min(flushed, dispatched)
         cp.master_flushed_offset = flushed
         cp.save(self.checkpoint_path)
 

@@ -9,9 +9,12 @@ Entries are appended in commit-log order, so `indexed_until` (the end of the las
 to the index) is a true prefix: recovery re-dispatches from there and the index skips any record
 below it, so an entry is never indexed twice.  ROLLBACK records are not indexed.
 
-Recovery (spec §6): after an abnormal exit, files whose endTs is newer than the checkpoint's index
-timestamp are destroyed (they may not have reached the disk) and rebuilt; then every file is cut
-back to the recovered log end, restoring its chains and header exactly.
+Recovery (spec §6): after an abnormal exit, the entries of records at or past the checkpoint's
+index offset (below it, every entry was flushed) are taken out and rebuilt from the log; a file
+whose chains past that point do not hold is destroyed and rebuilt whole, as is, when the
+checkpoint has no index offset (one RocketMQ wrote), every file whose endTs is newer than its index
+timestamp.  Then every file is cut back to the recovered log end, restoring its chains and header
+exactly.  A clean exit's files are kept as they are.
 
 Ownership: the dispatch thread appends (`dispatch` or `append_entries`), or has a parallel-dispatch
 worker append into the newest file's mapping while it waits (`start_file` makes the files); the
@@ -65,6 +68,7 @@ class KeyIndex:
         self.files: list[IndexFile] = []
         self._filled: list[IndexFile] = []  # files filled since the last flush (see `_new_file`)
         self.indexed_until = 0  # every record below this commit-log offset has been handed over
+        self.flushed_until = 0  # every record below this commit-log offset has its entries on disk
         self.last_store_timestamp = 0
         for path in index_paths(self.directory):
             try:
@@ -91,11 +95,21 @@ class KeyIndex:
         checkpoint_timestamp: int,
         store_time_of: Callable[[int], int | None],
         keys_of: Callable[[int], tuple[int, int] | None] = lambda phy: None,
+        flushed_offset: int = 0,
     ) -> None:
         """Make the index a prefix of the recovered log and set `indexed_until`.  `keys_of(phy)`
-        gives (end, number of index keys) of the record at `phy`, or None if unreadable."""
+        gives (end, number of index keys) of the record at `phy`, or None if unreadable.
+
+        After an abnormal exit, `flushed_offset` (the checkpoint's: every record below it had its
+        entries on disk; 0 if unknown) bounds what is kept: the entries of records at or past it
+        are taken out, and the index is rebuilt from there only.  A file whose chains past that
+        point do not lead back (pages lost with the machine) is destroyed and rebuilt; without a
+        flushed offset, so is every file newer than `checkpoint_timestamp` (RocketMQ's rule)."""
         with self._lock:
-            if abnormal:
+            check_chains = abnormal and flushed_offset > 0
+            if check_chains:
+                log_end = min(log_end, flushed_offset)
+            elif abnormal:
                 while self.files and self.files[-1].end_timestamp > checkpoint_timestamp:
                     doomed = self.files.pop()
                     log.info(
@@ -107,7 +121,15 @@ class KeyIndex:
                     doomed.destroy()
             while self.files:
                 last = self.files[-1]
-                dropped = last.truncate(log_end, store_time_of)
+                if check_chains and not _dropped_chains_hold(last, log_end):
+                    log.info(
+                        "key index: destroying %s (its chains past commit-log offset %d do not hold); it is rebuilt",
+                        last.path.name,
+                        log_end,
+                    )
+                    self.files.pop().destroy()
+                    continue
+                dropped = 0 if _holds_nothing_past(last, log_end) else last.truncate(log_end, store_time_of)
                 if dropped:
                     log.info(
                         "key index: dropped %d entries of %s past commit-log offset %d",
@@ -136,7 +158,9 @@ class KeyIndex:
         self.indexed_until = min(max(covered, log_start), log_end)
         self.last_store_timestamp = self.files[-1].end_timestamp if self.files else 0
 
-    def recover_from_log(self, commit_log, log_end: int, abnormal: bool, checkpoint_timestamp: int) -> None:
+    def recover_from_log(
+        self, commit_log, log_end: int, abnormal: bool, checkpoint_timestamp: int, flushed_offset: int = 0
+    ) -> None:
         """`recover` with the record lookups done on `commit_log`."""
 
         def read(phy: int):
@@ -156,7 +180,9 @@ class KeyIndex:
                 record_index_keys(result.unique_key, result.keys, result.tags)
             ) if indexed else 0
 
-        self.recover(log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, keys_of)
+        self.recover(
+            log_end, commit_log.min_offset, abnormal, checkpoint_timestamp, store_time_of, keys_of, flushed_offset
+        )
 
     # -- the sink protocol ------------------------------------------------------------------------------
 
@@ -256,7 +282,10 @@ class KeyIndex:
 
     def flush(self) -> int:
         """Make every entry durable; returns the store time they cover (the checkpoint's index
-        timestamp), read before flushing so that it never claims more than reached the disk."""
+        timestamp), read before flushing so that it never claims more than reached the disk.
+        `flushed_until` becomes the commit-log offset below which every record's entries are
+        durable (the checkpoint's index offset), read before flushing too."""
+        until = self.indexed_until
         with self._lock:
             files = [f for f in self._filled if f in self.files]  # those filled since the last flush
             files += [f for f in self.files[-2:] if f not in files]
@@ -265,6 +294,7 @@ class KeyIndex:
             f.flush()
         with self._lock:
             self._filled = [f for f in self._filled if f not in files]
+        self.flushed_until = until
         return covered
 
     def close(self) -> None:
@@ -295,6 +325,55 @@ class KeyIndex:
             if begin_ts < begin:
                 break
         return found
+
+
+def _first_entry_at(f: IndexFile, phy: int) -> int:
+    """The index of the first entry of `f` for a record at or past commit-log offset `phy`
+    (entries are in commit-log order); `index_count` if none is."""
+    lo, hi = 1, max(f.index_count, 1)
+    column = f.entries["phy"]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(column[mid]) < phy:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _holds_nothing_past(f: IndexFile, phy: int) -> bool:
+    """Whether `f` has no entry, counted or left past its count by a crash, for a record at or
+    past `phy` (then cutting it back there changes nothing)."""
+    count = max(f.index_count, 1)
+    after = f.entries[count] if count < f.max_entries else None
+    return (count == 1 or f.end_phy < phy) and (after is None or not (after["hash"] | after["phy"]))
+
+
+def _dropped_chains_hold(f: IndexFile, phy: int) -> bool:
+    """Whether the entries of records at or past `phy` can be taken out of `f` by following its
+    chains back: every chain that starts among them runs, through entries of its own slot for
+    records at or past `phy`, back to an earlier entry.  After the process alone died they
+    always do; after the machine did, slots written after the last flush may point at entries
+    that never reached the disk (past its header's count too)."""
+    keep = _first_entry_at(f, phy)
+    heads = f.slots.astype(np.int64)
+    slots = np.nonzero(heads >= keep)[0]
+    current = heads[slots]
+    while len(slots):
+        if int(current.max()) >= f.max_entries:
+            return False
+        entries = f.entries[current]
+        back = entries["prev"].astype(np.int64)
+        if (
+            (entries["hash"].astype(np.int64) % f.hash_slots != slots).any()
+            or (entries["phy"].astype(np.int64) < phy).any()
+            or (back >= current).any()
+            or (back < 0).any()
+        ):
+            return False
+        further = back >= keep
+        slots, current = slots[further], back[further]
+    return True
 
 
 def record_matches(rec: record.Record, topic: str, key: str, begin: int, end: int) -> bool:

@@ -7,6 +7,12 @@
    32  confirmPhyOffset     i64   commit-log offset known durable and dispatched
    40  logicsPhysicalOffset i64   commit-log offset of the newest record in the ConsumeQueues
                                   as last flushed (RocketMQ 5.5.0 recovers its dispatch from it)
+   48  indexPhysicalOffset  i64   tidemq's own: the commit-log offset below which every record's
+                                  key-index entries were flushed; 0 = unknown (RocketMQ writes
+                                  neither this nor the field before it)
+
+Each offset, when known, is one the log, the queues and the index had made durable before the
+checkpoint was saved: recovery validates and re-dispatches from there, not from the log's start.
 
 Written by the flush service and at shutdown (write to a temporary file, fsync, rename), so a
 crash leaves either the old or the new checkpoint, never a torn one.
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FILE_SIZE = 4096
-LAYOUT = struct.Struct(">qqqqqq")  # 6 × 8 = 48 bytes used
+LAYOUT = struct.Struct(">qqqqqqq")  # 7 × 8 = 56 bytes used
 FIVE_FIELDS = struct.Struct(">qqqqq")  # the layout before 5.5.0 (40 bytes)
 SAFETY_MARGIN_MS = 3000
 
@@ -34,6 +40,7 @@ class Checkpoint:
     master_flushed_offset: int = 0
     confirm_phy_offset: int = 0
     logics_physical_offset: int = 0
+    index_physical_offset: int = 0
 
     @property
     def min_timestamp(self) -> int:
@@ -62,6 +69,7 @@ class Checkpoint:
             self.master_flushed_offset,
             self.confirm_phy_offset,
             self.logics_physical_offset,
+            self.index_physical_offset,
         ).ljust(FILE_SIZE, b"\0")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
