@@ -46,7 +46,7 @@ from .log.message_encoder import CommonPutState, MessageEncoder
 from .queues.consume_queue import DEFAULT_UNITS_PER_FILE, Unit
 from .queues.queue_set import ConsumeQueueStore
 from .recovery.quarantine import DAMAGED_PROPERTY
-from .recovery.recover import recover
+from .recovery.recover import queue_units, recover
 
 log = logging.getLogger(__name__)
 
@@ -747,6 +747,7 @@ class MessageStore:
         position, timestamp = self._last_written
         last_dispatched = self.dispatcher.last_record_offset()
         dispatched = self.dispatcher.dispatched_offset
+        units = queue_units(self.consume_queues)
         flushed = self.commit_log.flush()
         self.consume_queues.flush()
         cp = self.checkpoint
@@ -761,6 +762,7 @@ class MessageStore:
         if last_dispatched is not None:  # the queues were flushed above: they hold that record
             cp.logics_physical_offset = max(cp.logics_physical_offset, last_dispatched)
         cp.confirm_phy_offset = min(flushed, dispatched)
+        cp.logics_unit_count = units
         cp.master_flushed_offset = flushed
         cp.save(self.checkpoint_path)
 

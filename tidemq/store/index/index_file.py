@@ -348,13 +348,14 @@ class IndexFile:
             written_end += 1
         if keep == count and written_end == count:
             return 0
-        previous = self.entries["prev"].astype(np.int64)
+        # only the entries written are read: the rest of a large file stays unmapped
+        previous = self.entries["prev"][:written_end].astype(np.int64)
         heads = self.slots.astype(np.int64)
         moved = heads >= keep
         while moved.any():
             where = np.nonzero(moved)[0]
             current = heads[where]
-            current = np.where(current < self.max_entries, current, 0)
+            current = np.where(current < written_end, current, 0)  # past them: zeros, no chain
             back = previous[current]
             back = np.where(back < current, back, 0)  # chains only go back; anything else is damage
             heads[where] = back

@@ -9,7 +9,10 @@
                                   as last flushed (RocketMQ 5.5.0 recovers its dispatch from it)
    48  indexPhysicalOffset  i64   tidemq's own: the commit-log offset below which every record's
                                   key-index entries were flushed; 0 = unknown (RocketMQ writes
-                                  neither this nor the field before it)
+                                  none of the fields from 40 on)
+   56  logicsUnitCount      i64   tidemq's own: the units the ConsumeQueues held, summed over the
+                                  queues (each queue's next offset); fewer at open means queue
+                                  files were lost, and recovery does not trust the offsets above
 
 Each offset, when known, is one the log, the queues and the index had made durable before the
 checkpoint was saved: recovery validates and re-dispatches from there, not from the log's start.
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FILE_SIZE = 4096
-LAYOUT = struct.Struct(">qqqqqqq")  # 7 × 8 = 56 bytes used
+LAYOUT = struct.Struct(">qqqqqqqq")  # 8 × 8 = 64 bytes used
 FIVE_FIELDS = struct.Struct(">qqqqq")  # the layout before 5.5.0 (40 bytes)
 SAFETY_MARGIN_MS = 3000
 
@@ -41,6 +44,7 @@ class Checkpoint:
     confirm_phy_offset: int = 0
     logics_physical_offset: int = 0
     index_physical_offset: int = 0
+    logics_unit_count: int = 0
 
     @property
     def min_timestamp(self) -> int:
@@ -70,6 +74,7 @@ class Checkpoint:
             self.confirm_phy_offset,
             self.logics_physical_offset,
             self.index_physical_offset,
+            self.logics_unit_count,
         ).ljust(FILE_SIZE, b"\0")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

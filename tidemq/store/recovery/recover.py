@@ -209,13 +209,20 @@ def _valid_records_after(commit_log: CommitLog, segment: Segment, bad: record.In
     return found
 
 
+def queue_units(queues: ConsumeQueueStore) -> int:
+    """The units the ConsumeQueues hold, summed over the queues (each queue's next offset): it
+    never falls while queue files are kept, so a sum below the checkpoint's says some were lost."""
+    return sum(cq.commit_frontier for cq in list(queues.queues.values()))
+
+
 def checkpointed_start(commit_log: CommitLog, checkpoint: Checkpoint) -> int | None:
     """The offset the checkpoint vouches for, if its record is there and sound: the earlier of
     the newest record the queues held (logicsPhysicalOffset) and the offset known durable and
     dispatched (confirmPhyOffset).  Everything below it was flushed, and dispatched into the
     queues before they were flushed, when the checkpoint was saved; from it on, the log is
     validated.  None when the checkpoint does not know (one RocketMQ wrote, or none) or the
-    record there is not a valid one (the files changed since)."""
+    record there is not a valid one (the files changed since); `recover` does not ask when the
+    queues hold fewer units than the checkpoint says they did (queue files were lost)."""
     if checkpoint.logics_physical_offset <= 0 or not commit_log.segments:
         return None
     start = min(checkpoint.logics_physical_offset, checkpoint.confirm_phy_offset)
@@ -356,7 +363,7 @@ def recover(
     covered = queues.covered_offset()
     # as RocketMQ 5.5.0's accelerated recovery starts at its dispatch offset, validation starts
     # where the checkpoint vouches for everything before, after a clean stop and a crash alike
-    trusted = checkpointed_start(commit_log, checkpoint)
+    trusted = checkpointed_start(commit_log, checkpoint) if queue_units(queues) >= checkpoint.logics_unit_count else None
     start = trusted if trusted is not None else choose_scan_start(commit_log, covered, checkpoint, abnormal)
     if repair and commit_log.segments:
         start = commit_log.segments[0].start  # a repair validates the whole log
