@@ -363,7 +363,9 @@ def recover(
     covered = queues.covered_offset()
     # as RocketMQ 5.5.0's accelerated recovery starts at its dispatch offset, validation starts
     # where the checkpoint vouches for everything before, after a clean stop and a crash alike
-    trusted = checkpointed_start(commit_log, checkpoint) if queue_units(queues) >= checkpoint.logics_unit_count else None
+    trusted = (
+        checkpointed_start(commit_log, checkpoint) if queue_units(queues) >= checkpoint.logics_unit_count else None
+    )
     start = trusted if trusted is not None else choose_scan_start(commit_log, covered, checkpoint, abnormal)
     if repair and commit_log.segments:
         start = commit_log.segments[0].start  # a repair validates the whole log
