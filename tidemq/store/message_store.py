@@ -278,11 +278,16 @@ class MessageStore:
             "tidemq-maintenance", cfg.maintenance_interval_ms / 1000, self.run_maintenance
         )
 
-    def _start_dispatcher(self, offset: int) -> ParallelDispatcher:
+    def _start_dispatcher(self, offset: int, parallel: bool = True) -> ParallelDispatcher:
         """The store's dispatcher, starting at `offset` (a rebuild's replaces the first: its
-        statistics are those of the records it dispatches again)."""
+        statistics are those of the records it dispatches again); `parallel=False`: without
+        worker processes."""
         self.dispatcher = ParallelDispatcher(
-            self.commit_log, self.consume_queues, self.key_index, offset, self.config.dispatch_workers
+            self.commit_log,
+            self.consume_queues,
+            self.key_index,
+            offset,
+            self.config.dispatch_workers if parallel else 0,
         )
         if self.light_queues is not None:
             self.dispatcher.add_sink(self.light_queues)

@@ -290,9 +290,24 @@ class CutBackIndex(Protocol):
 class Redispatcher(Protocol):
     """What recovery asks of the dispatcher it starts."""
 
+    dispatched_offset: int
+
     def dispatch_until(self, limit: int, notify: bool = True) -> int: ...
 
     def close(self) -> None: ...
+
+
+class DispatcherFactory(Protocol):
+    """Starts the store's dispatcher at a commit-log offset; `parallel=False`: one that builds
+    every batch on the calling thread (no worker processes)."""
+
+    def __call__(self, offset: int, parallel: bool = True) -> Redispatcher: ...
+
+
+# A backlog up to this size is redispatched on the opening thread: starting the dispatch worker
+# processes costs more than they save on it.  A crash leaves about one checkpoint interval of
+# writes to redispatch, whatever the number of queues.
+INLINE_REDISPATCH_BYTES = 16 << 20
 
 
 @dataclass
@@ -353,7 +368,7 @@ def recover(
     checkpoint: Checkpoint,
     abnormal: bool,
     repair: bool,
-    start_dispatcher: Callable[[int], Redispatcher],
+    start_dispatcher: DispatcherFactory,
 ) -> Recovered:
     """Open-time recovery of a store (the policy in this module's docstring): validate the log,
     set damaged records aside (`repair`) or refuse to open, cut what follows the last valid
@@ -426,7 +441,8 @@ def recover(
     # the store's dispatcher (worker processes, or the dispatch thread alone) redispatches
     # what the indexes lack, and goes on from there once the store is open
     known = set(queues.queues)  # every loaded queue has a file
-    dispatcher = start_dispatcher(redispatch_from)
+    inline = 0 < scan.end - redispatch_from <= INLINE_REDISPATCH_BYTES
+    dispatcher = start_dispatcher(redispatch_from, parallel=not inline)
     dispatcher.dispatch_until(scan.end, notify=False)
     # a queue with no file that the redispatch started past slot 0 lost its files: its
     # earlier entries are in the log below where the redispatch began
@@ -446,6 +462,10 @@ def recover(
             queues.queues.pop(key).destroy()
         dispatcher = start_dispatcher(commit_log.min_offset)
         dispatcher.dispatch_until(scan.end, notify=False)
+    elif inline:  # the store's own dispatcher goes on from there, with its workers
+        dispatched = dispatcher.dispatched_offset
+        dispatcher.close()
+        dispatcher = start_dispatcher(dispatched)
     queue_offsets = {key: cq.commit_frontier for key, cq in queues.queues.items()}
     last_written = (scan.end, scan.last_store_timestamp) if scan.records else None
     return Recovered(report, queue_offsets, last_written)
