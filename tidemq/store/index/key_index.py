@@ -12,8 +12,8 @@ below it, so an entry is never indexed twice.  ROLLBACK records are not indexed.
 Recovery (spec §6): after an abnormal exit, the entries of records at or past the checkpoint's
 index offset (below it, every entry was flushed) are taken out and rebuilt from the log; a file
 whose chains past that point do not hold is destroyed and rebuilt whole, as is, when the
-checkpoint has no index offset (one RocketMQ wrote), every file whose endTs is newer than its index
-timestamp.  Then every file is cut back to the recovered log end, restoring its chains and header
+checkpoint has no index offset (RocketMQ writes none), every file whose endTs is newer than its
+index timestamp.  Then every file is cut back to the recovered log end, restoring its chains and header
 exactly.  A clean exit's files are kept as they are.
 
 Ownership: the dispatch thread appends (`dispatch` or `append_entries`), or has a parallel-dispatch

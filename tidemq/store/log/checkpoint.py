@@ -8,8 +8,8 @@
    40  logicsPhysicalOffset i64   commit-log offset of the newest record in the ConsumeQueues
                                   as last flushed (RocketMQ 5.5.0 recovers its dispatch from it)
    48  indexPhysicalOffset  i64   tidemq's own: the commit-log offset below which every record's
-                                  key-index entries were flushed; 0 = unknown (RocketMQ writes
-                                  none of the fields from 40 on)
+                                  key-index entries were flushed; 0 = unknown (RocketMQ reads
+                                  and writes neither this field nor the next)
    56  logicsUnitCount      i64   tidemq's own: the units the ConsumeQueues held, summed over the
                                   queues (each queue's next offset); fewer at open means queue
                                   files were lost, and recovery does not trust the offsets above

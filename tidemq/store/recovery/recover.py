@@ -6,7 +6,7 @@ Policy (spec §6, STYLE "corruption policy is explicit"):
   sound), after a clean stop and an abnormal exit (abort marker present) alike, as RocketMQ
   5.5.0's accelerated recovery does: records before it are not read again at open (reads check
   each record's CRCs, and `tidemq store check` validates the whole log).  Without such an offset
-  (a checkpoint RocketMQ wrote, or none), from the segment holding the earliest offset any index
+  (no checkpoint, or one older than RocketMQ 5.5.0's), from the segment holding the earliest offset any index
   may be missing, or — after an abnormal exit — from the segment the checkpoint says was safely
   flushed and dispatched.
 - The first invalid record ends the log *if nothing valid follows it*: a torn tail.  It is cut
@@ -220,8 +220,8 @@ def checkpointed_start(commit_log: CommitLog, checkpoint: Checkpoint) -> int | N
     the newest record the queues held (logicsPhysicalOffset) and the offset known durable and
     dispatched (confirmPhyOffset).  Everything below it was flushed, and dispatched into the
     queues before they were flushed, when the checkpoint was saved; from it on, the log is
-    validated.  None when the checkpoint does not know (one RocketMQ wrote, or none) or the
-    record there is not a valid one (the files changed since); `recover` does not ask when the
+    validated.  None when the checkpoint does not know (no checkpoint, or one without
+    logicsPhysicalOffset) or the record there is not a valid one (the files changed since); `recover` does not ask when the
     queues hold fewer units than the checkpoint says they did (queue files were lost)."""
     if checkpoint.logics_physical_offset <= 0 or not commit_log.segments:
         return None
