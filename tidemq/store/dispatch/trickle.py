@@ -7,7 +7,7 @@ is dozens of NumPy and pipeline calls with fixed costs, and the dispatch thread 
 cold caches after sleeping between rounds; one record at a time costs less up to MAX_RECORDS.
 
 `dispatch_trickle` takes the records from `begin` while each passes `scan`'s checks
-(`scan.decode_one`) and ends at or before `stop`, and the blank that closes the segment after
+(`scan.dispatch_fields`) and ends at or before `stop`, and the blank that closes the segment after
 them; it stops at anything else (damage, a record not yet whole) and leaves it to the batch
 path, which reports it.  More than MAX_RECORDS whole records below `stop` are a batch: it takes
 none of them.  Each record's unit is written at its slot and committed (`ConsumeQueue.put`), and
@@ -22,13 +22,10 @@ from collections.abc import Callable
 
 from ..format import record
 from ..format.index_keys import index_key, key_hash
-from ..format.property_columns import TAGS
-from ..format.scan import decode_one, index_keys_of, properties_in, text_of, walk
+from ..format.scan import dispatch_fields, properties_index_keys, walk
 from ..format.special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
 from ..queues.consume_queue import ConsumeQueue
 from .requests import QueueKey
-
-DELAY = PROPERTY_DELAY.encode()
 
 MAX_RECORDS = 32  # more is a batch: past this a round costs the batch path no more than a trickle
 MAX_BYTES = 64 << 10  # a larger backlog is not looked at (it holds more than MAX_RECORDS records)
@@ -59,23 +56,22 @@ def dispatch_trickle(
     if len(positions) > MAX_RECORDS:
         return begin, 0, 0
     for pos in positions:
-        fields = decode_one(buf, pos, base_offset)
+        fields = dispatch_fields(buf, pos, base_offset)
         if fields is None:
             break
-        size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end = fields
+        size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties, _, record_end = fields
         offset = base_offset + pos
         kind = sysflag & record.TRANSACTION_TYPE_MASK
-        properties = properties_in(buf, properties_at, record_end)
         if kind in record.QUEUE_ENTRY_KINDS:
             key = (topic, queue_id)
             cq = queue_at(key, queue_offset)
-            code = record.tags_code(text_of(properties, TAGS))
+            code = record.tags_code(properties.get(record.PROPERTY_TAGS))
             if topic == SCHEDULE_TOPIC:
-                code = queue_tags_code(topic, text_of(properties, DELAY), store_timestamp, code)
+                code = queue_tags_code(topic, properties.get(PROPERTY_DELAY), store_timestamp, code)
             if cq.put(queue_offset, offset, size, code):
                 changes[key] = cq.commit_frontier
         if key_index is not None and kind != record.TRANSACTION_ROLLBACK:
-            for k in index_keys_of(properties):
+            for k in properties_index_keys(properties):
                 hashes.append(key_hash(index_key(topic, k)))
                 phys.append(offset)
                 times.append(store_timestamp)

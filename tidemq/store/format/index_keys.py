@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .property_columns import powers_of_31
 from .record import java_string_hash
 
 TAG_KEY_PREFIX = "T#"  # a record's tag is indexed as the key "T#tag" ("topic#T#tag")
@@ -27,6 +26,20 @@ def record_index_keys(unique_key: str | None, keys, tags: str | None) -> list[st
 
 # ---------------------------------------------------------------------------------------------
 # Key hashes
+
+_POWERS = np.ones(1, dtype=np.uint32)
+
+
+def powers_of_31(n: int) -> np.ndarray:
+    """31**i mod 2**32 for i < n (uint32)."""
+    global _POWERS
+    if len(_POWERS) < n:
+        size = max(n, 2 * len(_POWERS), 64)
+        values = [1] * size
+        for i in range(1, size):
+            values[i] = (values[i - 1] * 31) & 0xFFFFFFFF
+        _POWERS = np.array(values, dtype=np.uint32)
+    return _POWERS
 
 
 def key_hash(text: str) -> int:

@@ -372,18 +372,19 @@ def whole_crc_mismatch(buf, pos: int, end: int) -> bool:
 _SIZE_MAGIC = struct.Struct(">ii")
 
 
-def decode(
-    buf: RecordBuffer,
-    pos: int = 0,
-    *,
-    base_offset: int = 0,
-    check_crc: bool = True,
-    read_body: bool = True,
-    read_properties: bool = True,
-    check_position: bool = True,
-) -> DecodeResult:
-    """Decode the record at `buf[pos:]`.  `base_offset` is the commit-log offset of `buf[0]`,
-    used to check PHYSICALOFFSET and to report positions.  Never raises on bad bytes."""
+# what `parse` finds in a record that passes its checks: the header's fields (`header_struct`
+# order: TOTALSIZE .. BODYLEN), where the body starts, the topic's raw bytes, where the properties
+# start and where the record ends
+Layout = tuple[tuple, int, bytes, int, int]
+HEADER_QUEUE_ID, HEADER_QUEUE_OFFSET, HEADER_SYSFLAG, HEADER_STORE_TIMESTAMP, HEADER_BODY_LENGTH = 3, 5, 7, 11, 16
+
+
+def parse(
+    buf: RecordBuffer, pos: int, base_offset: int = 0, check_position: bool = True
+) -> Layout | EndOfSegment | EndOfData | Invalid:
+    """The layout of the record at `buf[pos:]` with every check but the CRCs and the topic's
+    UTF-8 (`decode` adds those): the one parse of a record, which `decode` and the columnar
+    decoder's reference (`scan`) share.  Never raises on bad bytes."""
     offset = base_offset + pos
     available = len(buf) - pos
     if available < 8:
@@ -411,25 +412,8 @@ def decode(
     header = header_struct(bool(sysflag & FLAG_BORNHOST_V6), bool(sysflag & FLAG_STOREHOST_V6))
     if header.size + 3 > total_size:  # header, a topic length and a properties length at least
         return Invalid(offset, total_size, f"record size {total_size} is smaller than its {header.size}-byte header")
-    (
-        _,
-        _,
-        body_crc,
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-        _,
-        born_timestamp,
-        born_ip,
-        born_port,
-        store_timestamp,
-        store_ip,
-        store_port,
-        reconsume_times,
-        prepared_offset,
-        body_len,
-    ) = header.unpack_from(buf, pos)
+    fields = header.unpack_from(buf, pos)
+    body_len = fields[HEADER_BODY_LENGTH]
     cursor = pos + header.size
     end = pos + total_size
     if body_len < 0 or cursor + body_len > end:
@@ -458,12 +442,34 @@ def decode(
             total_size,
             f"record size {total_size} does not match its fields ({cursor + max(prop_len, 0) - pos})",
         )
+    physical_offset = fields[6]
     if check_position and physical_offset != offset:
         return Invalid(offset, total_size, f"PHYSICALOFFSET {physical_offset} differs from the position {offset}")
+    return fields, body_start, topic_bytes, cursor, end
+
+
+def decode(
+    buf: RecordBuffer,
+    pos: int = 0,
+    *,
+    base_offset: int = 0,
+    check_crc: bool = True,
+    read_body: bool = True,
+    read_properties: bool = True,
+    check_position: bool = True,
+) -> DecodeResult:
+    """Decode the record at `buf[pos:]`.  `base_offset` is the commit-log offset of `buf[0]`,
+    used to check PHYSICALOFFSET and to report positions.  Never raises on bad bytes."""
+    layout = parse(buf, pos, base_offset, check_position)
+    if type(layout) is not tuple:
+        return layout  # type: ignore[return-value]
+    fields, body_start, topic_bytes, properties_at, end = layout
+    total_size, body_crc, body_len = fields[0], fields[2], fields[HEADER_BODY_LENGTH]
+    offset = base_offset + pos
     body = memoryview(buf)[body_start : body_start + body_len] if read_body or check_crc else None
     if check_crc and (crc32(body) & 0x7FFFFFFF) != body_crc:
         return Invalid(offset, total_size, "body CRC mismatch")
-    if check_crc and prop_len >= CRC32_PROPERTY_SIZE and whole_crc_mismatch(buf, pos, end):
+    if check_crc and end - properties_at >= CRC32_PROPERTY_SIZE and whole_crc_mismatch(buf, pos, end):
         return Invalid(offset, total_size, f"whole-record CRC ({CRC32_PROPERTY}) mismatch")
     try:
         topic = decode_topic(topic_bytes)
@@ -472,22 +478,22 @@ def decode(
     # positional, in field order (this is the dispatcher's and the data source's hot path)
     return Record(
         total_size,
-        magic,
+        fields[1],  # MAGICCODE
         body_crc,
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-        sysflag,
-        born_timestamp,
-        _host(born_ip, born_port),
-        store_timestamp,
-        _host(store_ip, store_port),
-        reconsume_times,
-        prepared_offset,
+        fields[3],  # QUEUEID
+        fields[4],  # FLAG
+        fields[5],  # QUEUEOFFSET
+        fields[6],  # PHYSICALOFFSET
+        fields[7],  # SYSFLAG
+        fields[8],  # BORNTIMESTAMP
+        _host(fields[9], fields[10]),
+        fields[11],  # STORETIMESTAMP
+        _host(fields[12], fields[13]),
+        fields[14],  # RECONSUMETIMES
+        fields[15],  # PREPAREDTXOFFSET
         body if read_body else None,
         topic,
-        decode_properties(buf[cursor:end]) if read_properties and prop_len else {},
+        decode_properties(buf[properties_at:end]) if read_properties and end > properties_at else {},
     )
 
 

@@ -16,17 +16,12 @@ for every record as NumPy columns:
     properties_starts / properties_ends: where each record's properties lie in the buffer,
                       decoded lazily (`properties`, `unique_key`, `keys`, `index_keys`)
 
-Where the extension is built, one compiled pass (`_dispatch.scan_into`) fills every column and
-the value ranges of TAGS, UNIQ_KEY and KEYS, and, asked for keys, hashes them into the key
-index's entries.  Python then decodes each distinct topic once and hashes only what is not
-ASCII.  (Keys asked of a scan that was not asked for them are hashed from the ranges by NumPy.)
-
-Without it, only the walk along the chain (one 4-byte read per record) and the topic (a slice and
-a cached decode) are per-record Python work; the fixed fields and every layout check are gathered with
-NumPy from the record positions, and the TAGS codes and key-index hashes are computed in bulk
-from the property bytes (`property_columns`).  Up to SMALL_SCAN records (a dispatch round at
-light load) are decoded one at a time instead, into the same columns: there NumPy's fixed cost
-per call would be most of the work.
+Two implementations fill the same columns: the compiled walk (`_dispatch.scan_into`), which
+fills every column and the value ranges of TAGS, UNIQ_KEY and KEYS in one pass and, asked for
+keys, hashes them into the key index's entries (Python then decodes each distinct topic once
+and hashes only what is not ASCII); and the reference, one record at a time by the record
+codec (`record.parse`, `record.decode_properties`), which runs where the extension is not
+built.  Tests hold the two equal on Hypothesis inputs.
 
 The scan stops at the first position that does not hold a whole valid record ending at or
 before `stop` (a blank, zeros, a torn or corrupt record, or a record running past `stop`):
@@ -45,12 +40,12 @@ from typing import Any
 import numpy as np
 
 from .index_keys import TAG_KEY_PREFIX, index_key, key_hash, record_index_keys
-from .property_columns import KEYS, LEGACY_UNIQ_KEY, TAGS, UNIQ_KEY, index_entries, tags_codes, unique_key_ranges
 from .record import (
+    HEADER_QUEUE_ID,
+    HEADER_QUEUE_OFFSET,
+    HEADER_STORE_TIMESTAMP,
+    HEADER_SYSFLAG,
     KEY_SEPARATOR,
-    LEGACY_PROPERTY_UNIQ_KEY,
-    MESSAGE_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V2,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
@@ -59,6 +54,7 @@ from .record import (
     RecordBuffer,
     decode_properties,
     decode_topic,
+    parse,
     tags_code,
 )
 from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
@@ -66,24 +62,16 @@ from .special_queues import PROPERTY_DELAY, SCHEDULE_TOPIC, queue_tags_code
 _scan_into: Callable[..., tuple[Any, ...]] | None
 try:
     from .._dispatch import scan_into as _scan_into
-except ImportError:  # the extension is optional: where it is not built, the NumPy walk below runs
+except ImportError:  # the extension is optional: where it is not built, the reference below runs
     _scan_into = None
 
-# whether `scan` runs the compiled walk; tests switch it off to cross-check the NumPy path
+# whether `scan` runs the compiled walk; tests switch it off to cross-check it with the reference
 COMPILED = _scan_into is not None
 
 MIN_RECORD_SIZE = 91  # v1, IPv4 hosts, empty body, topic and properties
 HEADER_SIZE_V4 = 88  # TOTALSIZE .. BODYLEN with IPv4 hosts; each IPv6 host adds 12
 
 _I32 = struct.Struct(">i")
-_I16 = struct.Struct(">h")
-_I64 = struct.Struct(">q")
-_FIXED = struct.Struct(">iiiiiqqi")  # TOTALSIZE .. SYSFLAG
-# up to this many records, `scan` decodes one record at a time (NumPy's per-call cost would
-# dominate); tests set it to 0 to cross-check the vectorized path on small inputs too
-SMALL_SCAN = 16
-
-_SEPARATOR = b"\x02"
 
 
 @dataclass(slots=True)
@@ -105,16 +93,10 @@ class RecordColumns:
     topic_names: list[str]  # topic_names[topic_ids[i]] is row i's topic
     properties_starts: np.ndarray
     properties_ends: np.ndarray
-    # per row: [first, last) of the UNIQ_KEY and KEYS values, or -1 (found with the TAGS when
-    # the scan was asked for keys, else on first use)
-    unique_key_ranges: tuple[np.ndarray, np.ndarray] | None
-    keys_ranges: tuple[np.ndarray, np.ndarray] | None
     # the key index's entries as the compiled walk made them when asked for keys: (hashes as
     # int32 bytes, rows as int64 bytes, slow: (entry, row, first, last) of each key to hash from
     # its decoded text, its or its topic's bytes not all ASCII)
     key_entries: tuple[bytes, bytes, list] | None = None
-    # per row: [first, last) of the TAGS value, or -1 (for the key index's tag entries)
-    tags_ranges: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -128,23 +110,23 @@ class RecordColumns:
 
     def property(self, i: int, name: str) -> str | None:
         """One property of row `i` (the last one of that name, as a dict would keep)."""
-        return property_value(self.buffer, int(self.properties_starts[i]), int(self.properties_ends[i]), name)
+        return self.properties(i).get(name)
 
     def unique_key(self, i: int) -> str | None:
-        found = self.property(i, PROPERTY_UNIQ_KEY)
-        return found if found is not None else self.property(i, LEGACY_PROPERTY_UNIQ_KEY)
+        return self.property(i, PROPERTY_UNIQ_KEY)
 
     def keys(self, i: int) -> list[str]:
         raw = self.property(i, PROPERTY_KEYS)
         return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
 
-    def _index_keys_small(self, indexed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`index_keys` one record at a time (see SMALL_SCAN)."""
+    def _index_keys_reference(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`index_keys` one record at a time from its decoded properties."""
         hashes: list[int] = []
         rows: list[int] = []
+        indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
         for i in np.flatnonzero(indexed).tolist():
             topic = self.topic(i)
-            for key in index_keys_in(self.buffer, int(self.properties_starts[i]), int(self.properties_ends[i])):
+            for key in properties_index_keys(self.properties(i)):
                 hashes.append(key_hash(index_key(topic, key)))
                 rows.append(i)
         taken = np.array(rows, dtype=np.int64)
@@ -174,41 +156,22 @@ class RecordColumns:
             return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
         if self.key_entries is not None:
             return self._index_keys_compiled(self.key_entries)
-        indexed = (self.sysflags & TRANSACTION_TYPE_MASK) != TRANSACTION_ROLLBACK
-        if len(self) <= SMALL_SCAN:
-            return self._index_keys_small(indexed)
-        b = np.frombuffer(self.buffer, dtype=np.uint8)
-        try:
-            unique, keys = self.unique_key_ranges, self.keys_ranges  # found together
-            if unique is None or keys is None:
-                unique, keys = unique_key_ranges(b, self.properties_starts, self.properties_ends, [UNIQ_KEY, KEYS])
-                self.unique_key_ranges, self.keys_ranges = unique, keys
-            tags = self.tags_ranges
-            if tags is None:
-                (tags,) = unique_key_ranges(b, self.properties_starts, self.properties_ends, [TAGS])
-                self.tags_ranges = tags
-            return index_entries(
-                self.buffer,
-                b,
-                unique,
-                keys,
-                tags,
-                indexed,
-                self.topic_ids,
-                self.topic_names,
-                self.offsets,
-                self.store_timestamps,
-            )
-        finally:
-            del b  # release the buffer export: the mapping may be closed
+        return self._index_keys_reference()
+
+
+def properties_index_keys(properties: dict[str, str]) -> list[str]:
+    """The keys the key index takes from a record with these (decoded) properties: its
+    UNIQ_KEY, each KEYS entry, then its tag as "T#tag"."""
+    keys = properties.get(PROPERTY_KEYS)
+    return record_index_keys(
+        properties.get(PROPERTY_UNIQ_KEY), keys.split(KEY_SEPARATOR) if keys else (), properties.get(PROPERTY_TAGS)
+    )
 
 
 def _empty(buf, base_offset: int, end: int) -> RecordColumns:
     i64 = np.zeros(0, np.int64)
     i32 = np.zeros(0, np.int32)
-    return RecordColumns(
-        buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, i32, [], i64, i64, (i64, i64), (i64, i64)
-    )
+    return RecordColumns(buf, base_offset, end, i64, i64, i32, i32, i64, i32, i64, i64, i32, [], i64, i64)
 
 
 def field_view(buf, dtype: str, start: int, stop: int) -> np.ndarray:
@@ -225,8 +188,7 @@ def header_sizes(sysflags: np.ndarray) -> np.ndarray:
 
 
 def field_at(view: np.ndarray, positions: np.ndarray, start: int) -> np.ndarray:
-    """`view`'s values at buffer positions (clipped into the view: rows that read outside are
-    invalid anyway and masked by the caller), as int64."""
+    """`view`'s values at buffer positions (clipped into the view), as int64."""
     return view[np.clip(positions - start, 0, len(view) - 1)].astype(np.int64)
 
 
@@ -268,98 +230,71 @@ def _scan(
     """Decode the dispatch fields of every whole valid record in `buf[start:stop]`, following
     the chain from `start` (a record boundary).  `base_offset` is the commit-log offset of
     `buf[0]`.  With `soft_stop`, no record starting at or past it is taken (records may still
-    run on to `stop`).  With `keys`, the UNIQ_KEY and KEYS values are located with the TAGS (for
-    a caller that will ask for `index_keys`), and the compiled walk hashes them as it goes."""
+    run on to `stop`).  With `keys` (a caller that will ask for `index_keys`), the compiled walk
+    hashes the keys as it goes."""
     if isinstance(buf, (bytearray, memoryview)):
         buf = bytes(buf)  # slices must be hashable bytes; the hot path scans mmaps
     stop = min(stop, len(buf))
+    soft_stop = stop if soft_stop is None else soft_stop
     if COMPILED:
-        return _scan_compiled(buf, start, stop, base_offset, stop if soft_stop is None else soft_stop, keys)
-    positions = _walk(buf, start, stop, stop if soft_stop is None else soft_stop)
-    if not positions:
-        return _empty(buf, base_offset, base_offset + start)
-    if len(positions) <= SMALL_SCAN:
-        return _scan_small(buf, positions, base_offset)
-    pos = np.array(positions, dtype=np.int64)
-    # views from the first record on: every field lies below `stop`
-    lo = positions[0]
-    i8, i4, i2, u1 = (field_view(buf, t, lo, stop) for t in (">i8", ">i4", ">i2", "u1"))
-    try:
-        sizes = field_at(i4, pos, lo)
-        magic = field_at(i4, pos + 4, lo)
-        sysflags = field_at(i4, pos + 36, lo)
-        ends = pos + sizes
-        born_v6 = (sysflags & 0x10) != 0
-        header_size = header_sizes(sysflags)
-        body_lengths = field_at(i4, pos + header_size - 4, lo)
-        v2 = magic == MESSAGE_MAGIC_CODE_V2
-        topic_length_at = pos + header_size + body_lengths
-        topic_lengths = np.where(v2, field_at(i2, topic_length_at, lo), field_at(u1, topic_length_at, lo))
-        topic_at = topic_length_at + 1 + v2
-        properties_at = topic_at + topic_lengths + 2
-        properties_lengths = field_at(i2, properties_at - 2, lo)
-        ok = (
-            ((magic == MESSAGE_MAGIC_CODE) | v2)
-            & (body_lengths >= 0)
-            & (topic_length_at + 1 + v2 <= ends)
-            & (topic_lengths >= 0)
-            & (properties_at <= ends)
-            & (properties_lengths >= 0)
-            & (properties_at + properties_lengths == ends)
-            & (field_at(i8, pos + 28, lo) == pos + base_offset)
-        )
-        count = len(positions) if ok.all() else int(np.argmin(ok))
-        pos = pos[:count]
-        queue_ids = i4[pos + (12 - lo)].astype(np.int32)
-        queue_offsets = i8[pos + (20 - lo)].astype(np.int64)
-        store_timestamps = i8[pos + (56 - lo) + 12 * born_v6[:count]].astype(np.int64)
-    finally:
-        del i8, i4, i2, u1  # release the buffer exports: the caller may close the mapping
-    # per-record work: the topic
-    topic_ids: list[int] = []
-    names: dict[str, int] = {}
-    for i, (t0, t1) in enumerate(zip(topic_at[:count].tolist(), (properties_at[:count] - 2).tolist())):
-        try:
-            topic = decode_topic(buf[t0:t1])
-        except UnicodeDecodeError:
-            count = i  # record.decode calls this record Invalid
+        return _scan_compiled(buf, start, stop, base_offset, soft_stop, keys)
+    return _scan_reference(buf, start, stop, base_offset, soft_stop)
+
+
+def _scan_reference(buf, start: int, stop: int, base_offset: int, soft_stop: int) -> RecordColumns:
+    """`scan` one record at a time by the record codec (`dispatch_fields`): the reference the
+    compiled walk is tested against, and what runs where it is not built."""
+    rows: list[tuple] = []
+    end = start
+    for pos in _walk(buf, start, stop, soft_stop):
+        fields = dispatch_fields(buf, pos, base_offset)
+        if fields is None:
             break
-        tid = names.get(topic)
-        if tid is None:
-            tid = names[topic] = len(names)
-        topic_ids.append(tid)
-    b = np.frombuffer(buf, dtype=np.uint8)
-    try:
-        ranges = unique_key_ranges(b, properties_at[:count], ends[:count], [TAGS, UNIQ_KEY, KEYS] if keys else [TAGS])
-        codes = tags_codes(buf, b, *ranges[0])
-    finally:
-        del b
-    pos = pos[:count]
+        size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties, properties_at, end = fields
+        rows.append(
+            (
+                pos,
+                size,
+                queue_id,
+                queue_offset,
+                sysflag,
+                store_timestamp,
+                tags_code(properties.get(PROPERTY_TAGS)),
+                topic,
+                properties_at,
+                end,
+            )
+        )
+    if not rows:
+        return _empty(buf, base_offset, base_offset + start)
+    positions, sizes, queue_ids, queue_offsets, sysflags, store_timestamps, codes, topics, starts, ends = map(
+        list, zip(*rows)
+    )
+    names: dict[str, int] = {}
+    topic_ids = [names.setdefault(t, len(names)) for t in topics]
+    offsets = np.array(positions, dtype=np.int64)
     return RecordColumns(
         buffer=buf,
         base_offset=base_offset,
-        end=base_offset + (int(ends[count - 1]) if count else start),
-        positions=pos,
-        offsets=pos + base_offset,
-        sizes=sizes[:count].astype(np.int32),
-        queue_ids=queue_ids[:count],
-        queue_offsets=queue_offsets[:count],
-        sysflags=sysflags[:count].astype(np.int32),
-        store_timestamps=store_timestamps[:count],
-        tags_codes=codes,
+        end=base_offset + end,
+        positions=offsets.copy(),
+        offsets=offsets + base_offset,
+        sizes=np.array(sizes, dtype=np.int32),
+        queue_ids=np.array(queue_ids, dtype=np.int32),
+        queue_offsets=np.array(queue_offsets, dtype=np.int64),
+        sysflags=np.array(sysflags, dtype=np.int32),
+        store_timestamps=np.array(store_timestamps, dtype=np.int64),
+        tags_codes=np.array(codes, dtype=np.int64),
         topic_ids=np.array(topic_ids, dtype=np.int32),
         topic_names=list(names),
-        properties_starts=properties_at[:count],
-        properties_ends=ends[:count],
-        unique_key_ranges=ranges[1] if keys else None,
-        keys_ranges=ranges[2] if keys else None,
-        tags_ranges=ranges[0],
+        properties_starts=np.array(starts, dtype=np.int64),
+        properties_ends=np.array(ends, dtype=np.int64),
     )
 
 
 def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int, keys: bool = False) -> RecordColumns:
     """`scan` by the compiled walk (`_dispatch.scan_into`, which documents the columns it fills):
-    every field and check in one pass, the value ranges of UNIQ_KEY and KEYS included, and with
+    every field and check in one pass, and with
     `keys` the key index's entries (hashed as each record is read, while its properties are in
     cache, not in a second pass).
     Python decodes each distinct topic once and hashes the few TAGS values that are not ASCII."""
@@ -387,12 +322,10 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int,
         raw_hashes, raw_rows, slow = entries
         kept = int(np.searchsorted(np.frombuffer(raw_rows, dtype=np.int64), count))
         entries = raw_hashes[: 4 * kept], raw_rows[: 8 * kept], [item for item in slow if item[0] < kept]
-    positions, queue_offsets, timestamps, codes, starts, ends, uniq_first, uniq_last, keys_first, keys_last = wide[
-        :, :count
-    ]
+    positions, queue_offsets, timestamps, codes, starts, ends = wide[:6, :count]
     sizes, queue_ids, sysflags, topic_ids, final_codes = narrow[:, :count]
     for k in np.flatnonzero(final_codes == 0).tolist():
-        codes[k] = tags_code(property_value(buf, int(starts[k]), int(ends[k]), PROPERTY_TAGS))
+        codes[k] = tags_code(decode_properties(buf[int(starts[k]) : int(ends[k])]).get(PROPERTY_TAGS))
     return RecordColumns(
         buffer=buf,
         base_offset=base_offset,
@@ -409,152 +342,37 @@ def _scan_compiled(buf, start: int, stop: int, base_offset: int, soft_stop: int,
         topic_names=names,
         properties_starts=starts,
         properties_ends=ends,
-        unique_key_ranges=(uniq_first, uniq_last),
-        keys_ranges=(keys_first, keys_last),
         key_entries=entries,
     )
 
 
 def walk(buf, start: int, stop: int, max_count: int) -> list[int]:
     """Positions of the first `max_count` records along the TOTALSIZE chain from `start` (a
-    record boundary) that end at or before `stop` (sizes only; `decode_one` checks each)."""
+    record boundary) that end at or before `stop` (sizes only; `dispatch_fields` checks each)."""
     return _walk(buf, start, stop, stop, max_count)
 
 
-def decode_one(buf, pos: int, base_offset: int) -> tuple | None:
-    """The dispatch fields of the record at `pos`, one record in plain Python (for a few
-    records, where NumPy's fixed cost per call would be most of the work): (size, queue_id,
-    queue_offset, sysflag, store_timestamp, topic, properties_at, record_end); None if it fails
-    `scan`'s checks (the same checks, PHYSICALOFFSET included)."""
-    size, magic, _, queue_id, _, queue_offset, physical_offset, sysflag = _FIXED.unpack_from(buf, pos)
-    record_end = pos + size
-    header_size = HEADER_SIZE_V4 + (12 if sysflag & 0x10 else 0) + (12 if sysflag & 0x20 else 0)
-    v2 = magic == MESSAGE_MAGIC_CODE_V2
-    if not (v2 or magic == MESSAGE_MAGIC_CODE) or header_size + 3 > size or physical_offset != pos + base_offset:
+def dispatch_fields(buf, pos: int, base_offset: int) -> tuple | None:
+    """The dispatch fields of the record at `pos` by the record codec (`record.parse`, then
+    the topic and the properties decoded as `record.decode` decodes them): (size, queue_id,
+    queue_offset, sysflag, store_timestamp, topic, properties, properties_at, record_end); None
+    where `record.decode(..., check_crc=False)` finds no record."""
+    layout = parse(buf, pos, base_offset)
+    if type(layout) is not tuple:
         return None
-    body_length = _I32.unpack_from(buf, pos + header_size - 4)[0]
-    topic_length_at = pos + header_size + body_length
-    if body_length < 0 or topic_length_at + 1 + v2 > record_end:
-        return None
-    topic_length = _I16.unpack_from(buf, topic_length_at)[0] if v2 else buf[topic_length_at]
-    topic_at = topic_length_at + 1 + v2
-    properties_at = topic_at + topic_length + 2
-    if topic_length < 0 or properties_at > record_end:
-        return None
-    properties_length = _I16.unpack_from(buf, properties_at - 2)[0]
-    if properties_length < 0 or properties_at + properties_length != record_end:
-        return None
+    fields, _, topic_bytes, properties_at, record_end = layout
     try:
-        topic = decode_topic(buf[topic_at : topic_at + topic_length])
+        topic = decode_topic(topic_bytes)
     except UnicodeDecodeError:
         return None  # record.decode calls this record Invalid
-    store_timestamp = _I64.unpack_from(buf, pos + (68 if sysflag & 0x10 else 56))[0]
-    return size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end
-
-
-def _scan_small(buf, positions: list[int], base_offset: int) -> RecordColumns:
-    """`scan` for a few records, one at a time in Python (`decode_one`): a dispatch round of one
-    record is the common case at light load.  Same checks, same columns."""
-    rows: list[tuple] = []
-    end = positions[0]
-    for pos in positions:
-        fields = decode_one(buf, pos, base_offset)
-        if fields is None:
-            break
-        size, queue_id, queue_offset, sysflag, store_timestamp, topic, properties_at, record_end = fields
-        tags = property_value(buf, properties_at, record_end, PROPERTY_TAGS)
-        rows.append(
-            (
-                pos,
-                size,
-                queue_id,
-                queue_offset,
-                sysflag,
-                store_timestamp,
-                tags_code(tags),
-                topic,
-                properties_at,
-                record_end,
-            )
-        )
-        end = record_end
-    if not rows:
-        return _empty(buf, base_offset, base_offset + positions[0])
-    pos_, sizes, queue_ids, queue_offsets, sysflags, store_timestamps, codes, topics, starts, ends = map(
-        list, zip(*rows)
+    return (
+        fields[0],
+        fields[HEADER_QUEUE_ID],
+        fields[HEADER_QUEUE_OFFSET],
+        fields[HEADER_SYSFLAG],
+        fields[HEADER_STORE_TIMESTAMP],
+        topic,
+        decode_properties(buf[properties_at:record_end]),
+        properties_at,
+        record_end,
     )
-    names: dict[str, int] = {}
-    topic_ids = [names.setdefault(t, len(names)) for t in topics]
-    return RecordColumns(  # no key ranges: `_index_keys_small` reads the keys per record
-        buffer=buf,
-        base_offset=base_offset,
-        end=base_offset + end,
-        positions=np.array(pos_, dtype=np.int64),
-        offsets=np.array(pos_, dtype=np.int64) + base_offset,
-        sizes=np.array(sizes, dtype=np.int32),
-        queue_ids=np.array(queue_ids, dtype=np.int32),
-        queue_offsets=np.array(queue_offsets, dtype=np.int64),
-        sysflags=np.array(sysflags, dtype=np.int32),
-        store_timestamps=np.array(store_timestamps, dtype=np.int64),
-        tags_codes=np.array(codes, dtype=np.int64),
-        topic_ids=np.array(topic_ids, dtype=np.int32),
-        topic_names=list(names),
-        properties_starts=np.array(starts, dtype=np.int64),
-        properties_ends=np.array(ends, dtype=np.int64),
-        unique_key_ranges=None,
-        keys_ranges=None,
-    )
-
-
-def property_range(buf, start: int, end: int, name: str) -> tuple[int, int]:
-    """[first, last) of the value of property `name` in `buf[start:end]` (the last segment of
-    that name, as `record.decode_properties` keeps it), or (-1, -1)."""
-    key = name.encode("utf-8")
-    inside = b"\x02" + key + b"\x01"
-    at = buf.rfind(inside, start - 1, end)  # start >= 91: a match at start - 1 begins a segment at start
-    if at >= 0:
-        at += len(inside)
-    elif buf.find(key + b"\x01", start, min(start + len(key) + 1, end)) == start:
-        at = start + len(key) + 1
-    else:
-        return -1, -1
-    value_end = buf.find(_SEPARATOR, at, end)
-    return at, end if value_end < 0 else value_end
-
-
-def index_keys_in(buf, start: int, end: int) -> list[str]:
-    """The keys the key index takes from a record whose properties are `buf[start:end]`: its
-    UNIQ_KEY, each KEYS entry, then its tag as "T#tag"."""
-    return index_keys_of(properties_in(buf, start, end))
-
-
-def properties_in(buf, start: int, end: int) -> dict[bytes, bytes]:
-    """Every property in `buf[start:end]`, raw name -> raw value, the last segment of a name
-    winning: for each name what `property_range` finds, in one pass (to read several: the
-    trickle takes TAGS, UNIQ_KEY and KEYS of each record)."""
-    found = {}
-    for segment in buf[start:end].split(_SEPARATOR):
-        name, separator, value = segment.partition(b"\x01")
-        if separator:
-            found[name] = value
-    return found
-
-
-def text_of(properties: dict[bytes, bytes], name: bytes) -> str | None:
-    """A value of `properties_in` decoded as `property_value` decodes it, or None."""
-    value = properties.get(name)
-    return None if value is None else value.decode("utf-8", "replace")
-
-
-def index_keys_of(properties: dict[bytes, bytes]) -> list[str]:
-    """`index_keys_in` of a record whose properties `properties_in` read."""
-    unique_key = text_of(properties, UNIQ_KEY if UNIQ_KEY in properties else LEGACY_UNIQ_KEY)
-    keys = text_of(properties, KEYS)
-    return record_index_keys(unique_key, keys.split(KEY_SEPARATOR) if keys else (), text_of(properties, TAGS))
-
-
-def property_value(buf, start: int, end: int, name: str) -> str | None:
-    """The value of property `name` in `buf[start:end]` as `record.decode_properties` would give
-    it (undecodable bytes replaced), or None."""
-    first, last = property_range(buf, start, end, name)
-    return None if first < 0 else bytes(buf[first:last]).decode("utf-8", "replace")
