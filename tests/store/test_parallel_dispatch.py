@@ -349,37 +349,16 @@ def _runs_name_every_queue(result, assigned) -> bool:
     return sorted((queues.topic_names[t], q) for t, q in zip(queues.topic_ids.tolist(), queues.queue_ids.tolist())) == sorted(assigned)
 
 
-def test_a_builder_given_a_small_batch_writes_its_own_queues_and_hands_the_others_over(tmp_path):
-    """A batch of 16 records at most, its units written one at a time: builder 0 of 2 makes the
-    files of the queues it owns only; the units of the others go, whole, to builder 1, whose
-    writing them completes files equal to the single thread's."""
-    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(12)]
-    assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
-    result = builders[0].build(task)
-    assert result.records == 12
-    mine = {key for key in assigned if owner_of(*key, 2) == 0}
-    assert mine and mine != set(assigned)
-    assert {(p.parent.name, int(p.name)) for p in root.glob("*/*")} == mine  # no file of another worker's queue
-    assert _runs_name_every_queue(result, assigned)
-    assert [owner for owner, _ in result.handovers] == [1]
-    handover = pickle.loads(result.handovers[0][1])
-    assert type(handover) is UnitsHandover and handover.batch_id == task.batch_id
-    assert sum(handover.counts.tolist()) == sum(count for key, count in assigned.items() if key not in mine) == len(handover.units) // 20
-    builders[1].write_handover(handover)
-    for builder in builders:
-        builder.close()
-    assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []
-
-
-def test_a_builder_writes_the_runs_of_the_other_workers_queues_making_their_files(tmp_path):
-    """A large batch: builder 0 of 2 writes every queue, the other worker's too, making the
-    files their owner has not made, and hands nothing over; the files equal the single thread's.
-    Builder 1, building the same batch, finds every file made."""
-    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(600)]
+@pytest.mark.parametrize("records", [12, 600])
+def test_a_builder_writes_the_runs_of_the_other_workers_queues_making_their_files(tmp_path, records):
+    """A batch, small or large: builder 0 of 2 writes every queue, the other worker's too,
+    making the files their owner has not made, and hands nothing over; the files equal the
+    single thread's.  Builder 1, building the same batch, finds every file made."""
+    layout = [(f"t{i % 3}", (i // 3) % 8) for i in range(records)]
     assigned, root, builders, task = _builders_of_two_owners(tmp_path, layout)
     assert {owner_of(*key, 2) for key in assigned} == {0, 1}
     result = builders[0].build(task)
-    assert result.records == 600 and result.handovers == []
+    assert result.records == records and result.handovers == []
     assert _runs_name_every_queue(result, assigned)
     assert {(p.parent.name, int(p.name)) for p in root.glob("*/*")} == set(assigned)
     assert same_tree(tmp_path / "sequential" / "consumequeue", root) == []

@@ -98,7 +98,6 @@ except ImportError:  # optional too: without it, queue files are mapped with Pyt
     map_file = map_file_python
     MAPPINGS_HOLD_DESCRIPTORS = True  # an `mmap.mmap` keeps a duplicate of the file's descriptor
 
-SMALL_BATCH = 16  # up to this many records, units are written one at a time
 # in a worker process, a batch naming at most this many queues is written whole by its builder,
 # every queue, owned or not: handing a few queues' units over (two more messages through the
 # coordinator, and copies) cost more than each worker mapping their few files
@@ -344,8 +343,6 @@ class BatchBuilder:
         the others' (see the module docstring; every queue when the batch names `direct_queues`
         at most); returns, per queue (owned or not), the slots of the batch, and the units handed
         over to each other owner."""
-        if len(columns) <= SMALL_BATCH:
-            return self._write_units_small(columns, batch_id)
         rows = queue_rows(columns)
         if not len(rows):
             return QueueRuns.empty(), []
@@ -497,73 +494,6 @@ class BatchBuilder:
                 qmm[pos : pos + n * UNIT_SIZE] = unit_bytes[done * UNIT_SIZE : (done + n) * UNIT_SIZE]
                 done += n
         return unwritten
-
-    def _write_units_small(self, columns, batch_id: int) -> tuple[QueueRuns, list[tuple[int, bytes]]]:
-        """`_write_units` for a few records (NumPy's fixed cost would dominate): one unit at a
-        time, the queues in the same order."""
-        groups: dict[int, tuple[int, int, list[int], list[tuple[int, int, int]]]] = {}
-        for sysflag, topic_id, queue_id, slot, unit in zip(
-            columns.sysflags.tolist(),
-            columns.topic_ids.tolist(),
-            columns.queue_ids.tolist(),
-            columns.queue_offsets.tolist(),
-            zip(columns.offsets.tolist(), columns.sizes.tolist(), columns.tags_codes.tolist()),
-        ):
-            if sysflag & record.TRANSACTION_TYPE_MASK in record.QUEUE_ENTRY_KINDS:
-                # ordered as _write_units orders its groups: by topic id, then queue id as unsigned
-                _, _, slots, units = groups.setdefault(
-                    (topic_id << 32) | (queue_id & 0xFFFFFFFF), (topic_id, queue_id, [], [])
-                )
-                slots.append(slot)
-                units.append(unit)
-        if not groups:
-            return QueueRuns.empty(), []
-        names = columns.topic_names
-        topic_ids, queue_ids, firsts, counts, extras = [], [], [], [], {}
-        handed: dict[int, list[tuple[int, int, list[int], list[tuple[int, int, int]]]]] = {}
-        for group, code in enumerate(sorted(groups)):
-            topic_id, queue_id, slots, units = groups[code]
-            key = (names[topic_id], queue_id)
-            count, extra = _first_run(slots)
-            owner = (
-                owner_of(key[0], queue_id, self.owners)
-                if self.owners > 1 and len(groups) > self.direct_queues
-                else self.owner
-            )
-            if owner == self.owner:
-                upf = self._units_per_file.get(key, self.default_units_per_file)
-                self._write_slots(key[0], queue_id, upf, slots, units)
-            else:
-                handed.setdefault(owner, []).append(groups[code])
-            topic_ids.append(topic_id)
-            queue_ids.append(queue_id)
-            firsts.append(slots[0])
-            counts.append(count)
-            if extra is not None:
-                extras[group] = extra
-        runs = QueueRuns(
-            names,
-            np.array(topic_ids, np.int32),
-            np.array(queue_ids, np.int32),
-            np.array(firsts, np.int64),
-            np.array(counts, np.int64),
-            extras,
-        )
-        handovers = []
-        for owner, queues in sorted(handed.items()):
-            all_slots = [slot for _, _, slots, _ in queues for slot in slots]
-            handover = UnitsHandover(
-                batch_id,
-                names,
-                np.array([q[0] for q in queues], np.int32),
-                np.array([q[1] for q in queues], np.int32),
-                np.array([q[2][0] for q in queues], np.int64),
-                np.array([len(q[2]) for q in queues], np.int64),
-                np.array(all_slots, np.int64),
-                np.array([u for q in queues for u in q[3]], dtype=UNIT_DTYPE).tobytes(),
-            )
-            handovers.append((owner, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL)))
-        return runs, handovers
 
     def _exit_if_orphaned(self) -> None:
         """A worker whose coordinator died stops before it writes anything: the store is gone,

@@ -11,7 +11,6 @@ Ownership: `QueueCommitter` belongs to the dispatching thread, the one writer of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
@@ -23,8 +22,6 @@ from .requests import QueueKey
 
 if TYPE_CHECKING:
     from .._dispatch import RowIndex
-
-SMALL_COMMIT = 16  # up to this many queues in a batch, their runs are committed one at a time, without NumPy
 
 _RowIndex: type[RowIndex] | None
 try:
@@ -119,97 +116,63 @@ class QueueCommitter:
     def commit(self, runs: QueueRuns, changes: dict[QueueKey, int], listeners: bool) -> None:
         """Commit the head batch's runs of slots.  A queue whose run starts at its frontier (the
         rule: every earlier batch is committed), with nothing pending and its files mapped, is
-        advanced by `RowIndex.advance` with the others like it, in one pass (in a batch naming
-        SMALL_COMMIT queues at most, one scalar assignment each); new queues starting a file are
-        started together (`_adopt`, in a larger batch); the others (runs that are not contiguous,
+        advanced by `RowIndex.advance` with the others like it, in one pass; new queues starting
+        a file are started together (`_adopt`); the others (runs that are not contiguous,
         new queues starting mid-file) one by one.  Every queue moved is in `changes` (key -> new
         frontier), those advanced together only when `listeners` (someone will be told)."""
         table = self.queues.frontiers
         names = runs.topic_names
-        slow: Iterable[tuple[int, int, int, int, int, int, int]]  # (run, topic id, queue id, code, row, first, end)
-        if len(runs) <= SMALL_COMMIT:
-            # a few queues: each known queue whose run starts at its frontier advanced with a few
-            # scalar reads and one write of its row (NumPy's setup would cost more than the work)
-            numbers = self._numbers(names)
-            row_of, extras = self._rows.get, runs.extras
-            frontiers, files_end, pending = table.frontiers, table.files_end, table.pending
-            row_keys = self._row_keys if listeners else None
-            slow_runs: list[tuple[int, int, int, int, int, int, int]] = []
-            for i, (t, q, first, count) in enumerate(
-                zip(runs.topic_ids.tolist(), runs.queue_ids.tolist(), runs.firsts.tolist(), runs.counts.tolist())
-            ):
-                code = (numbers[t] << 32) | (q & 0xFFFFFFFF)
-                row = row_of(code)
-                end = first + count
-                if (
-                    row >= 0
-                    and frontiers[row] == first
-                    and end <= files_end[row]
-                    and not pending[row]
-                    and i not in extras
-                ):
-                    frontiers[row] = end
-                    if row_keys is not None:
-                        key = row_keys[row]
-                        assert key is not None  # a row the index knows is registered
-                        changes[key] = end
-                else:
-                    slow_runs.append((i, t, q, code, row, first, end))
-            if not slow_runs:
-                return
-            slow = slow_runs
-        else:
-            n = len(runs)
-            number_column = np.array(self._numbers(names), dtype=np.int64)
-            skip = None
-            if runs.extras:
-                skip = np.zeros(n, dtype=np.bool_)
-                skip[list(runs.extras)] = True
-            rows = np.empty(n, dtype=np.int64)
-            left = self._rows.advance(
-                number_column,
-                runs.topic_ids,
-                runs.queue_ids,
-                runs.firsts,
-                runs.counts,
-                table.frontiers,
-                table.files_end,
-                table.pending,
-                skip,
-                rows,
+        n = len(runs)
+        number_column = np.array(self._numbers(names), dtype=np.int64)
+        skip = None
+        if runs.extras:
+            skip = np.zeros(n, dtype=np.bool_)
+            skip[list(runs.extras)] = True
+        rows = np.empty(n, dtype=np.int64)
+        left = self._rows.advance(
+            number_column,
+            runs.topic_ids,
+            runs.queue_ids,
+            runs.firsts,
+            runs.counts,
+            table.frontiers,
+            table.files_end,
+            table.pending,
+            skip,
+            rows,
+        )
+        if listeners and left < n:
+            fast = rows >= 0
+            row_keys = self._row_keys
+            changes.update(
+                zip([row_keys[r] for r in rows[fast].tolist()], (runs.firsts[fast] + runs.counts[fast]).tolist())
             )
-            if listeners and left < n:
-                fast = rows >= 0
-                row_keys = self._row_keys
-                changes.update(
-                    zip([row_keys[r] for r in rows[fast].tolist()], (runs.firsts[fast] + runs.counts[fast]).tolist())
-                )
-            if not left:
-                return
-            slow_at = np.flatnonzero(rows < 0)
-            upf = self.queues.units_per_file
-            # new queues starting a file, each run in that file (a batch may start thousands):
-            # adopted together
-            new = (rows[slow_at] == -1) & (runs.firsts[slow_at] % upf == 0) & (runs.counts[slow_at] <= upf)
-            if skip is not None:
-                new &= ~skip[slow_at]
-            if new.any():
-                known = self._adopt(names, number_column, runs, slow_at[new], changes)
-                slow_at = np.union1d(slow_at[~new], known) if len(known) else slow_at[~new]
-            # as lists, not one NumPy scalar at a time
-            topic_ids = runs.topic_ids[slow_at]
-            queue_ids = runs.queue_ids[slow_at]
-            codes = queue_codes_of(number_column, topic_ids, queue_ids)
-            firsts = runs.firsts[slow_at]
-            slow = zip(
-                slow_at.tolist(),
-                topic_ids.tolist(),
-                queue_ids.tolist(),
-                codes.tolist(),
-                (-2 - rows[slow_at]).tolist(),
-                firsts.tolist(),
-                (firsts + runs.counts[slow_at]).tolist(),
-            )
+        if not left:
+            return
+        slow_at = np.flatnonzero(rows < 0)
+        upf = self.queues.units_per_file
+        # new queues starting a file, each run in that file (a batch may start thousands):
+        # adopted together
+        new = (rows[slow_at] == -1) & (runs.firsts[slow_at] % upf == 0) & (runs.counts[slow_at] <= upf)
+        if skip is not None:
+            new &= ~skip[slow_at]
+        if new.any():
+            known = self._adopt(names, number_column, runs, slow_at[new], changes)
+            slow_at = np.union1d(slow_at[~new], known) if len(known) else slow_at[~new]
+        # as lists, not one NumPy scalar at a time
+        topic_ids = runs.topic_ids[slow_at]
+        queue_ids = runs.queue_ids[slow_at]
+        codes = queue_codes_of(number_column, topic_ids, queue_ids)
+        firsts = runs.firsts[slow_at]
+        slow = zip(
+            slow_at.tolist(),
+            topic_ids.tolist(),
+            queue_ids.tolist(),
+            codes.tolist(),
+            (-2 - rows[slow_at]).tolist(),
+            firsts.tolist(),
+            (firsts + runs.counts[slow_at]).tolist(),
+        )
         extras = runs.extras
         for i, topic_id, queue_id, code, row, first, end in slow:
             key = (names[topic_id], queue_id)
