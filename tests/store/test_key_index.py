@@ -83,8 +83,8 @@ def test_index_file_layout(tmp_path):
     slots=st.integers(1, 16),
 )
 def test_appends_of_any_size_write_the_bytes_of_one_append(tmp_path_factory, entries, chunks, slots):
-    """A few entries are appended one at a time, many with NumPy, any number by the compiled
-    loop: the file is the same."""
+    """Entries appended whole or in pieces, by the reference or the compiled loop: the file is
+    the same."""
     directory = tmp_path_factory.mktemp("chunks")
     hashes = np.array([h for h, _ in entries], dtype=np.int32)
     phys = np.arange(len(entries), dtype=np.int64) * 100 + 100
@@ -107,7 +107,7 @@ def test_appends_of_any_size_write_the_bytes_of_one_append(tmp_path_factory, ent
 
 
 @pytest.mark.parametrize("slots", [5_003, (1 << 24) + 3])  # the compiled loop sorts keys by slot in 2 and 3 passes
-def test_appends_to_many_slots_write_the_same_bytes_compiled_or_with_numpy(tmp_path, slots):
+def test_appends_to_many_slots_write_the_same_bytes_compiled_or_by_the_reference(tmp_path, slots):
     rng = np.random.default_rng(slots)
     # keys sharing slots (chains within one append and across appends), and spread over all
     hashes = np.concatenate([rng.integers(0, 50, 3000) * slots + rng.integers(0, 40, 3000), rng.integers(0, 2**31 - 1, 3000)])
@@ -115,7 +115,7 @@ def test_appends_to_many_slots_write_the_same_bytes_compiled_or_with_numpy(tmp_p
     phys = np.arange(len(hashes), dtype=np.int64) * 100 + 100
     times = BASE_TS + np.arange(len(hashes), dtype=np.int64) * 7
     files = []
-    for name, compiled in (("numpy", False), ("compiled", True)):
+    for name, compiled in (("reference", False), ("compiled", True)):
         with _compiled_appends(compiled):
             f = IndexFile(tmp_path / name, hash_slots=slots, max_entries=len(hashes) + 1, create=True)
             for part in np.array_split(np.arange(len(hashes)), 3):
@@ -133,10 +133,10 @@ def test_appends_to_many_slots_write_the_same_bytes_compiled_or_with_numpy(tmp_p
 def test_slots_a_crash_left_past_the_counted_entries_start_new_chains(tmp_path_factory, hashes, slots, counted):
     """An append that finds a slot pointing past the counted entries (linked before a crash,
     never counted) starts a new chain there, unless this append wrote that entry for the same
-    slot: the compiled loop, NumPy and the one-at-a-time append write the same bytes."""
+    slot: the compiled loop and the reference write the same bytes, from arrays and lists."""
     directory = tmp_path_factory.mktemp("leftovers")
     files = []
-    for name, compiled, small in (("numpy", False, False), ("small", False, True), ("compiled", True, False)):
+    for name, compiled, small in (("arrays", False, False), ("lists", False, True), ("compiled", True, False)):
         with _compiled_appends(compiled):
             f = IndexFile(directory / name, hash_slots=slots, max_entries=100, create=True)
             if counted:
@@ -153,7 +153,7 @@ def test_slots_a_crash_left_past_the_counted_entries_start_new_chains(tmp_path_f
 
 @contextlib.contextmanager
 def _compiled_appends(on: bool):
-    """IndexFile appends by the compiled loop (where it is built) or by NumPy / Python."""
+    """IndexFile appends by the compiled loop (where it is built) or by its Python reference."""
     default = index_file_module.COMPILED
     index_file_module.COMPILED = on and default
     try:

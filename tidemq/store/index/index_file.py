@@ -24,9 +24,9 @@ index written under another configuration still reads.  Files of earlier tidemq 
 table size in hashSlotCount: a writable open recounts the slots in use when the field is larger
 than the entries could fill.
 
-Entries are appended in commit-log order, a batch at a time, by a compiled loop or with NumPy (the
-chains of one batch linked with a stable sort by slot), so a file is a pure function of the
-entries given to it: rebuilding after a crash produces the same bytes.  Ownership: one writer
+Entries are appended in commit-log order, a batch at a time, by the compiled loop or, where it is
+not built, by its Python reference (`_write_python`; tests hold the two to the same bytes), so a
+file is a pure function of the entries given to it: rebuilding after a crash produces the same bytes.  Ownership: one writer
 (the dispatch thread); queries may run on other threads and read a consistent header because it
 is written last.
 """
@@ -57,12 +57,11 @@ MAX_SLOT_PAGES_BACKED_ONE_BY_ONE = 256  # more slot pages in one append: the who
 DEFAULT_HASH_SLOTS = 5_000_000
 DEFAULT_MAX_ENTRIES = 20_000_000
 INT_MAX = 0x7FFFFFFF
-SMALL_APPEND = 16  # up to this many entries, `append` writes them one at a time
 
 _index_append: Callable[..., None] | None
 try:
     from .._dispatch import index_append as _index_append
-except ImportError:  # the extension is optional: without it, NumPy (or Python for a few entries) appends
+except ImportError:  # the extension is optional: without it, the Python reference appends
     _index_append = None
 
 # whether `append` runs the compiled loop; tests switch it off to compare the bytes
@@ -235,8 +234,8 @@ class IndexFile:
         self, hashes: np.ndarray | list[int], phys: np.ndarray | list[int], timestamps: np.ndarray | list[int]
     ) -> int:
         """Append entries (commit-log order); returns how many fitted.  The entries and their
-        slots are written by one of three twins that write the same bytes (the compiled loop,
-        NumPy for many, Python for a few), the header last."""
+        slots are written by the compiled loop or its Python reference (the same bytes), the
+        header last."""
         begin_ts, _, begin_phy, _, slots_count, count = self.header()
         count = max(count, 1)
         n = min(len(hashes), self.max_entries - count)
@@ -250,15 +249,9 @@ class IndexFile:
         if COMPILED and _index_append is not None:
             columns = (np.ascontiguousarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps))
             _index_append(self.mm, self.hash_slots, self.max_entries, count, *columns, begin_ts)
-        elif isinstance(hashes, list) and isinstance(phys, list) and isinstance(timestamps, list):
-            # a few entries from a trickle (`trickle`): no NumPy at all
-            self._write_small(hashes[:n], phys[:n], timestamps[:n], count, begin_ts)
-        elif n <= SMALL_APPEND:
-            small = [np.asarray(column[:n]).tolist() for column in (hashes, phys, timestamps)]
-            self._write_small(small[0], small[1], small[2], count, begin_ts)
         else:
-            wide = [np.asarray(column[:n], dtype=np.int64) for column in (hashes, phys, timestamps)]
-            self._write_numpy(wide[0], wide[1], wide[2], count, begin_ts)
+            listed = [c[:n] if type(c) is list else np.asarray(c[:n]).tolist() for c in (hashes, phys, timestamps)]
+            self._write_python(listed[0], listed[1], listed[2], count, begin_ts)
         slots_count += int(np.count_nonzero(self.entries["prev"][count : count + n] == 0))
         HEADER.pack_into(
             self.mm, 0, begin_ts, int(timestamps[n - 1]), begin_phy, int(phys[n - 1]), slots_count, count + n
@@ -282,43 +275,13 @@ class IndexFile:
         for page in pages:
             back_with_blocks(self.mm, page * PAGE_SIZE, SLOT_SIZE)
 
-    def _write_numpy(
-        self, hashes: np.ndarray, phys: np.ndarray, timestamps: np.ndarray, count: int, begin_ts: int
-    ) -> None:
-        """The entries from index `count` on and their slots, with NumPy: a batch's chains are
-        linked with a stable sort by slot."""
-        n = len(hashes)
-        index = np.arange(count, count + n, dtype=np.int64)
-        slot = hashes % self.hash_slots
-        order = np.argsort(slot, kind="stable")
-        slot_sorted = slot[order]
-        index_sorted = index[order]
-        first = np.ones(n, dtype=bool)
-        first[1:] = slot_sorted[1:] != slot_sorted[:-1]
-        last = np.ones(n, dtype=bool)
-        last[:-1] = first[1:]
-        previous_sorted = np.empty(n, dtype=np.int64)
-        previous_sorted[1:] = index_sorted[:-1]
-        heads = self.slots[slot_sorted[first]].astype(np.int64)
-        heads[(heads <= 0) | (heads >= count)] = 0
-        previous_sorted[first] = heads
-        previous = np.empty(n, dtype=np.int64)
-        previous[order] = previous_sorted
-        diffs = (timestamps - begin_ts) // 1000 if begin_ts > 0 else np.zeros(n, dtype=np.int64)
-        block = self.entries[count : count + n]
-        block["hash"] = hashes
-        block["phy"] = phys
-        block["time_diff"] = np.clip(diffs, 0, INT_MAX)
-        block["prev"] = previous
-        self.slots[slot_sorted[last]] = index_sorted[last]
-
-    def _write_small(
+    def _write_python(
         self, hashes: list[int], phys: list[int], timestamps: list[int], count: int, begin_ts: int
     ) -> None:
-        """`_write_numpy` one entry at a time (a few entries: NumPy's fixed cost would dominate);
-        the same bytes: a slot's head is followed if it is an entry below indexCount or one this
-        call wrote for the same slot (a crash's leftover head may point at an entry this call
-        wrote for another)."""
+        """The entries from index `count` on and their slots, one entry at a time (the reference
+        of `_dispatch.index_append`): each entry links to its slot's head and becomes the head.  A
+        slot's head is followed if it is an entry below indexCount or one this call wrote for the
+        same slot (a crash's leftover head may point at an entry this call wrote for another)."""
         mm = self.mm
         slots_at = HEADER_SIZE
         entries_at = HEADER_SIZE + self.hash_slots * SLOT_SIZE
