@@ -17,7 +17,7 @@ from trees import same_tree
 from tidemq.cli import main as cli_main
 from tidemq.store import Message, MessageStore, StoreConfig, record
 from tidemq.store.dispatch.sequential import Dispatcher
-from tidemq.store.format.index_keys import key_hash, key_hashes
+from tidemq.store.format.index_keys import key_hash
 from tidemq.store.index import index_file as index_file_module
 from tidemq.store.index.index_file import ENTRY_SIZE, HEADER_SIZE, IndexFile, file_size
 from tidemq.store.index.key_index import KeyIndex
@@ -47,11 +47,6 @@ def test_key_hash_is_javas_absolute_hash():
     assert key_hash("TopicTest#OrderID188") == abs(record.java_string_hash("TopicTest#OrderID188"))
     assert record.java_string_hash("polygenelubricants") == -(2**31)
     assert key_hash("polygenelubricants") == 0  # abs(Integer.MIN_VALUE) is negative: RocketMQ uses 0
-
-
-@given(st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=30))
-def test_vectorised_hashes_match_one_by_one(texts):
-    assert key_hashes(texts).tolist() == [key_hash(t) for t in texts]
 
 
 def test_index_file_layout(tmp_path):
