@@ -87,7 +87,7 @@ class Broker:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.store.subscribe(self._on_arrival)
-        self.store.on_light_queues_expired(self._on_light_queues_expired)
+        self.store.drive_light_queue_expiry()  # the lite maintenance round runs it (lite.expire_queues)
         self.store.wait_dispatched()  # the half and op queues are read whole
         self.transactions.rebuild()
         self._maintenance = self._spawn(self._maintenance_loop())
@@ -102,14 +102,6 @@ class Broker:
             topics = {topic for topic, _ in changes}
             try:
                 loop.call_soon_threadsafe(self.lite.wake, topics)
-            except RuntimeError:
-                pass  # the loop closed between the check and the call
-
-    def _on_light_queues_expired(self, names: list[str]) -> None:  # maintenance thread
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self.lite.forget, names)
             except RuntimeError:
                 pass  # the loop closed between the check and the call
 

@@ -69,3 +69,6 @@ class BrokerConfig:
     advertised_address: str = ""  # grpc endpoint advertised in routes; "" echoes the client's access point
     # the one clock of deadlines, long polling and timers (clock.py)
     clock: Clock = field(default_factory=WallClock, repr=False)
+    # `reached(step)` is called at each step of light-queue expiry (lite_expiry.STEPS): a test's
+    # fault object stops the process there; None in service
+    expiry_faults: object | None = field(default=None, repr=False)

@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import validation
+from . import lite_expiry, validation
 from .codes import BrokerError, Code
 from .filters import Filter
 from .lite_subscriptions import ClientLite, LiteSubscriptions
@@ -157,7 +157,7 @@ class Lite:
         # (group, light queue) pairs whose progress changed since the store's tables last heard
         # of it; all pairs at start, as the tables may lag the journal after a crash
         self._changed: dict[tuple[str, str], None] = dict.fromkeys(k for k in broker.subscriptions if is_lmq(k[1]))
-        self._compact = False  # the journal refused to forget some progress: rewrite it
+        self._compact = False  # the journal refused a line of expiry: rewrite it from the table
         self._rip28_groups = {g for g, t in broker.subscriptions if is_lmq(t) and parse_lite_queue(t) is None}
 
     def progress_changed(self, group: str, topic: str) -> None:
@@ -340,8 +340,9 @@ class Lite:
         progress, make the subscription log durable."""
         self.expire(now)
         self.commit_offsets(now)
+        self.expire_queues()
         self.table.sync()
-        if self._compact:  # a forgetting the journal refused: the snapshot leaves the progress out
+        if self._compact:  # a line the journal refused: the snapshot is the table
             self.broker.journal.compact(self.broker.subscriptions.values())
             self._compact = False
 
@@ -373,13 +374,22 @@ class Lite:
             return list(keys)
         return [k for k in keys if not is_lmq(k[1]) or light.in_files(k[1])]
 
-    def forget(self, names: list[str]) -> None:
-        """Light queues the store's expiry removed: the groups' progress on them goes (a queue of
-        that name starts again at offset 0), and so does every client's subscription of their
-        lite topics, each client being told.  The work is in proportion to the queues removed
-        and the groups that may have read them."""
-        if not names:
-            return
+    def expire_queues(self) -> None:
+        """Light-queue expiry (`lite_expiry`): the groups' progress on a queue is durably
+        forgotten before the store deletes it (a queue of that name starts again at offset 0);
+        every client's subscription of a deleted queue's lite topic goes, each client being told."""
+        names = lite_expiry.expire_queues(self)
+        if names:
+            self._counts.clear()
+        for name in names:
+            lite = parse_lite_queue(name)
+            if lite is not None:
+                self.drop(*lite)
+
+    def progress_keys(self, names: list[str]) -> list[tuple[str, str]]:
+        """The (group, queue) pairs with progress on the light queues `names`, looking only at
+        the groups that can have read them (the lite groups of a lite queue's bind topic, the
+        groups that read RIP-28 queues): work in proportion to the queues and those groups."""
         broker = self.broker
         lite_groups: dict[str, list[str]] = {}
         for g in broker.metadata.groups.values():
@@ -390,22 +400,14 @@ class Lite:
             lite = parse_lite_queue(name)
             groups = lite_groups.get(lite[0], ()) if lite is not None else self._rip28_groups
             keys += [(g, name) for g in groups if (g, name) in broker.subscriptions]
-        for key in keys:
-            del broker.subscriptions[key]
-            self._changed.pop(key, None)
-            if not self._compact:
-                try:
-                    broker.journal.append(["x", key[0], key[1]])
-                except OSError as exc:  # replayed, the old progress would skip the new queue's first messages
-                    log.warning("pop journal: progress on expired light queues to be dropped by a rewrite: %s", exc)
-                    self._compact = True
-        if keys:
-            broker.consumer_offsets.forget(keys)
-        self._counts.clear()
-        for name in names:
-            lite = parse_lite_queue(name)
-            if lite is not None:
-                self.drop(*lite)
+        return keys
+
+    def forget_changed(self, key: tuple[str, str]) -> None:
+        self._changed.pop(key, None)
+
+    def compact_journal(self) -> None:
+        """Rewrite the journal from the table at the end of the round."""
+        self._compact = True
 
     def drop(self, bind_topic: str, lite_topic: str) -> list[str]:
         """The server drops every client's subscription of a lite topic (its queue is gone): each

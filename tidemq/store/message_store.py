@@ -238,6 +238,7 @@ class MessageStore:
             else None
         )
         self._expiry_listeners: list[Callable[[list[str]], None]] = []  # told of expired light queues
+        self._expiry_driven = False  # light-queue expiry runs from `expire_light_queues`, not maintenance
         self._encoder = MessageEncoder(cfg, self.commit_log.segment_size)
         self._dispatch_event_set = False  # skip redundant Event.set() calls on the put path
         self.key_index = (
@@ -647,6 +648,23 @@ class MessageStore:
         run removed (a queue of the same name starts again at offset 0)."""
         self._expiry_listeners.append(listener)
 
+    def drive_light_queue_expiry(self) -> None:
+        """From now on the maintenance thread leaves light-queue expiry to `expire_light_queues`
+        (a broker that keeps consumer progress of its own drives it; a run under way ends first)."""
+        self._expiry_driven = True
+        if self.light_queues is not None:
+            with self.light_queues.expiry_lock:
+                pass
+
+    def expire_light_queues(self, forget: Callable[[list[str]], bool]) -> list[str]:
+        """Expire idle, fully consumed light queues (at most once a minute), calling
+        `forget(names)` before any of `names` is deleted: the caller makes the consumers' progress
+        on them durably forgotten there (True), or cannot (False: the run ends, none deleted).  Returns the names
+        deleted.  Call `drive_light_queue_expiry` first."""
+        if self.light_queues is None:
+            return []
+        return self.light_queues.expire_due(self.clock(), forget)
+
     def subscribe(self, listener: ArrivalListener) -> None:
         """`listener({(topic, queue_id): new max offset, ...})` is called on the dispatch thread
         whenever queues get newly committed entries."""
@@ -774,7 +792,7 @@ class MessageStore:
     def run_maintenance(self) -> None:
         self.disk_space.check()
         self.delete_expired_segments()
-        if self.light_queues is not None:
+        if self.light_queues is not None and not self._expiry_driven:
             expired = self.light_queues.expire_due(self.clock())
             for listener in self._expiry_listeners if expired else ():
                 listener(expired)

@@ -414,10 +414,7 @@ class KvLightQueues:
         deleted names."""
         deleted = []
         with self.env.begin(write=True) as txn:
-            for name in names:
-                state = self._state(txn, name)
-                if state is None or not still_expired(txn, state):
-                    continue
+            for name, state in self._matching(txn, names, still_expired):
                 prefix = NUMBER.pack(state.number)
                 for table in (self.units, self.groups):
                     _delete_prefixed(txn.cursor(db=table), prefix, prefix)
@@ -425,6 +422,18 @@ class KvLightQueues:
                 txn.delete(name.encode("utf-8"), db=self.names)
                 deleted.append(name)
         return deleted
+
+    def select_if(self, names: list[str], still_expired: Callable[[object, QueueState], bool]) -> list[str]:
+        """The named queues for which `still_expired(txn, state)` holds, in one read snapshot
+        (nothing is deleted)."""
+        with self.env.begin() as txn:
+            return [name for name, _ in self._matching(txn, names, still_expired)]
+
+    def _matching(self, txn, names: list[str], still_expired: Callable[[object, QueueState], bool]):
+        for name in names:
+            state = self._state(txn, name)
+            if state is not None and still_expired(txn, state):
+                yield name, state
 
     def clear(self) -> None:
         """Forget every queue (before a rebuild from the commit log)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -132,7 +132,8 @@ class LightQueues:
         self._dispatched = self.kv.dispatched if self.kv is not None else 0  # in memory; kept by `flush`
         self._held_at_open = self._dispatched  # the tables held every unit of the log below this at open
         self._expiry_after = -1  # the number of the queue the last expiry run stopped at
-        self._last_expiry = 0  # when the maintenance thread last ran expiry (store clock)
+        self._last_expiry = 0  # when expiry last ran (store clock)
+        self.expiry_lock = threading.RLock()  # one expiry run at a time (a nested call finds it just ran)
 
     # -- where a queue lives ----------------------------------------------------------------------
 
@@ -451,19 +452,28 @@ class LightQueues:
     def consumer_offset(self, group: str, name: str) -> int | None:
         return self.kv.consumer_offset(group, name) if self.kv is not None else None
 
-    def expire_due(self, now: int) -> list[str]:
-        """`expire_idle`, at most once every EXPIRY_INTERVAL_MS (the maintenance thread)."""
-        if now - self._last_expiry < EXPIRY_INTERVAL_MS:
-            return []
-        self._last_expiry = now
-        return self.expire_idle(now)
+    def expire_due(self, now: int, forget: Callable[[list[str]], bool] | None = None) -> list[str]:
+        """`expire_idle`, at most once every EXPIRY_INTERVAL_MS."""
+        with self.expiry_lock:
+            if now - self._last_expiry < EXPIRY_INTERVAL_MS:
+                return []
+            self._last_expiry = now
+            return self.expire_idle(now, forget=forget)
 
-    def expire_idle(self, now: int, scan_limit: int = EXPIRY_SCAN) -> list[str]:
+    def expire_idle(
+        self, now: int, scan_limit: int = EXPIRY_SCAN, forget: Callable[[list[str]], bool] | None = None
+    ) -> list[str]:
         """Delete key-value light queues idle (no unit, no consumer commit) for `idle_expiry_ms`
         and fully consumed: every group that committed an offset is at the max offset (and one
         did), or the commit log no longer holds any of its records.  A queue with an offset
         assigned and not yet dispatched is live.  Looks at up to `scan_limit` queues, resuming
-        where the last run stopped; returns the names deleted."""
+        where the last run stopped; returns the names deleted.
+
+        `forget(names)` is called with the queues found expired before any of them is deleted,
+        and makes the consumers' progress on them durably forgotten (True), or cannot (False:
+        the run ends, deleting none of them).  A queue that comes alive between the two is not deleted; `forget`'s
+        caller hears of it as a name missing from the result.  So no crash leaves a consumer's
+        position on a deleted queue, which a queue recreated at offset 0 would be read past."""
         if self.kv is None or self.idle_expiry_ms <= 0:
             return []
         horizon = now - self.idle_expiry_ms
@@ -484,8 +494,15 @@ class LightQueues:
 
         deleted: list[str] = []
         for start in range(0, len(candidates), EXPIRY_DELETE_CHUNK):
+            chosen = candidates[start : start + EXPIRY_DELETE_CHUNK]
+            if forget is not None:
+                chosen = kv.select_if(chosen, still_expired)
+                if not chosen:
+                    continue
+                if not forget(chosen):
+                    break
             with self.append_lock:
-                deleted += kv.delete_if(candidates[start : start + EXPIRY_DELETE_CHUNK], still_expired)
+                deleted += kv.delete_if(chosen, still_expired)
         if deleted:
             log.info("light queues: %d idle, fully consumed queue(s) expired", len(deleted))
         return deleted
