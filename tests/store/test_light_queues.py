@@ -145,6 +145,20 @@ def test_offsets_follow_the_names_as_rocketmq_writes_them(tmp_path):
         assert store.offset_for_timestamp("%LMQ%b", 0, 3_000) == 1
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dispatch_reads_the_names_as_the_record_codec_does(tmp_path, backend):
+    """Dispatch takes the names and offsets from the record's properties as the codec decodes
+    them: a property whose name ends with the real one's names no light queue."""
+    with MessageStore(tmp_path, config(backend)) as store:
+        lookalikes = {"X" + MULTI: "%LMQ%b", "Y" + OFFSETS: "7"}
+        put = store.put(Message(topic="parent", body=b"m", properties={MULTI: "%LMQ%a"} | lookalikes))
+        store.put(Message(topic="parent", body=b"n", properties=lookalikes))
+        assert store.wait_dispatched()
+        assert store.read_record(put.commit_log_offset).properties[OFFSETS] == "0"
+        assert [u.commit_log_offset for u in store.read_units("%LMQ%a", 0, 0, 10)] == [put.commit_log_offset]
+        assert store.max_offset("%LMQ%b", 0) == 0
+
+
 def test_tables_ahead_of_a_shortened_log_are_rebuilt_from_it(tmp_path, caplog):
     """The log lost its last record (only a machine crash under async flush does that) after
     the tables took its units: the tables are rebuilt from the log, without its units."""

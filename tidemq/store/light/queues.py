@@ -71,25 +71,6 @@ EXPIRY_INTERVAL_MS = 60_000  # the maintenance thread runs expiry at most this o
 EXPIRY_DELETE_CHUNK = 256  # queues deleted per hold of the append lock
 
 
-_NAME_MULTI_DISPATCH = MULTI_DISPATCH.encode("ascii")
-_NAME_MULTI_QUEUE_OFFSET = MULTI_QUEUE_OFFSET.encode("ascii")
-
-
-def property_in(buffer, start: int, stop: int, name: bytes) -> str | None:
-    """The value of the last property `name` in the properties buffer[start:stop] (`name \\x01
-    value \\x02` each), as the record codec reads it, or None; no other property is decoded."""
-    marker = b"\x02" + name + b"\x01"
-    found = buffer.rfind(marker, start, stop)
-    if found >= 0:
-        first = found + len(marker)
-    elif buffer[start : start + len(name) + 1] == name + b"\x01":
-        first = start + len(name) + 1
-    else:
-        return None
-    last = buffer.find(b"\x02", first, stop)
-    return bytes(buffer[first : last if last >= 0 else stop]).decode("utf-8", "replace")
-
-
 def is_light_queue(topic: str) -> bool:
     return topic.startswith(LMQ_PREFIX)
 
@@ -310,8 +291,8 @@ class LightQueues:
         for i in range(len(rows)):
             if not multi_dispatches(names_of[topic_ids[i]]):
                 continue
-            found_names = property_in(mm, starts[i], stops[i], _NAME_MULTI_DISPATCH)
-            found_offsets = property_in(mm, starts[i], stops[i], _NAME_MULTI_QUEUE_OFFSET) if found_names else None
+            properties = record.decode_properties(mm[starts[i] : stops[i]])
+            found_names, found_offsets = properties.get(MULTI_DISPATCH), properties.get(MULTI_QUEUE_OFFSET)
             if not found_names or not found_offsets:
                 continue
             offset = offsets[i]
