@@ -213,6 +213,7 @@ class ParallelDispatcher:
         # runs built into the queues and the key index but not yet into the extra sinks, in log order
         # (one failed, or follows one that did): the dispatched offset stays at the first one's begin
         self._owed: list[tuple[int, int]] = []
+        self._sink_error: BaseException | None = None  # an extra sink's, raised when the round's commands are done
         self.listeners: list[ArrivalListener] = []
         self.stats = DispatchStats()
         self.progress = {sink.name: SinkProgress(start_offset) for sink in self.sinks}
@@ -275,14 +276,22 @@ class ParallelDispatcher:
 
     def dispatch_until(self, limit: int, notify: bool = True) -> int:
         """Dispatch every record wholly below `limit` (and below what `limit_source` says when
-        set); returns how many records were dispatched in order."""
-        coordinator = self.coordinator
-        total = 0
+        set); returns how many records were dispatched in order.  An extra sink's error is raised
+        once the round's commands are carried out (the runs it refused stay owed)."""
         if self._owed:  # what a sink refused is retried before anything new is cut
             paid: dict[QueueKey, int] = {}
             self._pay_extra_sinks(paid)
             if notify and paid:
                 notify_listeners(self.listeners, paid)
+        total = self._dispatch_round(limit, notify)
+        if self._sink_error is not None:
+            error, self._sink_error = self._sink_error, None
+            raise error
+        return total
+
+    def _dispatch_round(self, limit: int, notify: bool) -> int:
+        coordinator = self.coordinator
+        total = 0
         while True:
             if self.limit_source is not None:
                 limit = max(limit, self.limit_source())
@@ -360,7 +369,11 @@ class ParallelDispatcher:
         self.stats.bytes += end - begin
         if self.extra_sinks and end > begin:
             self._owed.append((begin, end))
-            self._pay_extra_sinks(changes)
+            if self._sink_error is None:  # raising here would void the commands after this one
+                try:
+                    self._pay_extra_sinks(changes)
+                except Exception as exc:
+                    self._sink_error = exc
         else:
             self._advance(end)
 
